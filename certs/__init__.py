@@ -1,0 +1,1 @@
+"""Certificates for the webhook's TLS."""

@@ -1,0 +1,1 @@
+"""The in-pod launcher (`trainhook-launch`)."""

@@ -1,0 +1,1 @@
+"""trainhook: distributed training on plain Kubernetes workloads."""

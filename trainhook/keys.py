@@ -1,0 +1,113 @@
+"""Every label, annotation and environment name trainhook reads or writes, in one leaf module.
+
+This module imports nothing from trainhook, so the webhook, the launcher, the local runner and the CLI can all
+share the keys without importing each other (the mistake jobset's webhook makes for one constant).
+Each constant says who sets it and who reads it. The user-facing meaning is in docs/contract.md.
+"""
+
+from __future__ import annotations
+
+PREFIX = "trainhook.dev/"
+
+# --- Labels and annotations a user writes (contract section 2) ---------------------------------------------
+# Label on the workload and its pod template (or a bare Pod): opts the object in. Read by the webhook, which
+# ignores every object without it; the chart's objectSelector matches the same key.
+FRAMEWORK = PREFIX + "framework"
+# Label: the gang's name. Defaulted (and stamped on the template) by the webhook to the workload's name.
+JOB_NAME = PREFIX + "job-name"
+# Label: the replica role. Defaulted by the webhook to the framework's main role.
+ROLE = PREFIX + "role"
+# Label on bare Pods: the pod's index within its role (StatefulSet/Job pods take their ordinal instead).
+INDEX = PREFIX + "index"
+# Annotation `role=count[,role=count]`: the gang's shape. Stamped on templates by the webhook for single-role
+# workloads; written by users for multi-role gangs and bare Pods.
+REPLICAS = PREFIX + "replicas"
+# Annotation: the master/coordinator port (defaults per framework below).
+PORT = PREFIX + "port"
+# Annotation: processes per node for torchrun: auto, cpu, gpu or an integer.
+NPROC_PER_NODE = PREFIX + "nproc-per-node"
+# Annotation: PyTorch elastic `min:max` nodes.
+ELASTIC = PREFIX + "elastic"
+# Annotation: PyTorch elastic restarts allowed inside torchrun (PET_MAX_RESTARTS).
+MAX_RESTARTS = PREFIX + "max-restarts"
+# Annotation: the training container's name (default: the first container).
+CONTAINER = PREFIX + "container"
+# Annotation: what the injected init container waits for: dns, tcp or none.
+GANG_WAIT = PREFIX + "gang-wait"
+
+USER_ANNOTATIONS = (REPLICAS, PORT, NPROC_PER_NODE, ELASTIC, MAX_RESTARTS, CONTAINER, GANG_WAIT)
+
+# --- Kubernetes' own keys the webhook reads -------------------------------------------------------------------
+# Set by the Job controller on Indexed Job pods (annotation since 1.21; label too since 1.28).
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+# Set by the StatefulSet controller on its pods (the pod-index label exists only on Kubernetes >= 1.28, so the
+# webhook parses the ordinal from the pod name instead).
+STATEFULSET_POD_NAME = "statefulset.kubernetes.io/pod-name"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# --- Frameworks and roles (contract section 2) ----------------------------------------------------------------
+PYTORCH, TENSORFLOW, MPI, XGBOOST, JAX, PADDLE, MXNET = (
+    "pytorch", "tensorflow", "mpi", "xgboost", "jax", "paddle", "mxnet")
+# Roles per framework in rank order (Kubeflow's order: master/chief first), and each framework's main role.
+ROLES: dict[str, tuple[str, ...]] = {
+    PYTORCH: ("master", "worker"),
+    TENSORFLOW: ("chief", "master", "ps", "worker", "evaluator"),
+    MPI: ("launcher", "worker"),
+    XGBOOST: ("master", "worker"),
+    JAX: ("worker",),
+    PADDLE: ("master", "worker"),
+    MXNET: ("scheduler", "server", "worker"),
+}
+MAIN_ROLE: dict[str, str] = {
+    PYTORCH: "worker", TENSORFLOW: "worker", MPI: "worker", XGBOOST: "worker", JAX: "worker",
+    PADDLE: "worker", MXNET: "worker",
+}
+# Default master/coordinator port per framework (Kubeflow's defaults).
+DEFAULT_PORT: dict[str, int] = {
+    PYTORCH: 23456, TENSORFLOW: 2222, MPI: 0, XGBOOST: 9999, JAX: 6666, PADDLE: 36543, MXNET: 9091,
+}
+GANG_WAIT_MODES = ("dns", "tcp", "none")
+NPROC_WORDS = ("auto", "cpu", "gpu")
+
+# --- What the webhook injects ---------------------------------------------------------------------------------
+# Name of the gang-wait init container (running `trainhook-launch wait` from the launcher image).
+GANG_WAIT_CONTAINER = "trainhook-gang-wait"
+# The port the gang-wait barrier listens on in `tcp` mode.
+GANG_WAIT_PORT = 29499
+
+# PyTorch (Kubeflow PyTorchJob and torchrun's PET_* variables).
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+PET_NNODES = "PET_NNODES"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_RDZV_BACKEND = "PET_RDZV_BACKEND"
+PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
+PET_RDZV_ID = "PET_RDZV_ID"
+PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+
+# Always injected, into the training container and the gang-wait init container: the gang's identity and how to
+# address every peer, so the launcher needs no API call. Read by trainhook.launcher.
+TH_FRAMEWORK = "TRAINHOOK_FRAMEWORK"
+TH_JOB_NAME = "TRAINHOOK_JOB_NAME"
+TH_NAMESPACE = "TRAINHOOK_NAMESPACE"
+TH_ROLE = "TRAINHOOK_ROLE"
+TH_INDEX = "TRAINHOOK_INDEX"
+TH_RANK = "TRAINHOOK_RANK"
+# The shape, `role=count,...` in rank order.
+TH_REPLICAS = "TRAINHOOK_REPLICAS"
+# Hostname prefix per role, `role=prefix,...`: peer i of a role is `<prefix>-<i>.<subdomain>`.
+TH_HOSTS = "TRAINHOOK_HOSTS"
+TH_SUBDOMAIN = "TRAINHOOK_SUBDOMAIN"
+# This pod's own address, `<hostname>.<subdomain>`.
+TH_ADDRESS = "TRAINHOOK_ADDRESS"
+TH_PORT = "TRAINHOOK_PORT"
+TH_GANG_WAIT = "TRAINHOOK_GANG_WAIT"
+TH_GANG_WAIT_PORT = "TRAINHOOK_GANG_WAIT_PORT"
+# Seconds the gang wait gives peers before failing with the list of those missing.
+TH_WAIT_TIMEOUT = "TRAINHOOK_WAIT_TIMEOUT"

@@ -1,0 +1,1 @@
+"""Local pods: run a manifest gang on one machine."""

@@ -1,0 +1,1 @@
+"""The mutating admission webhook."""

@@ -1,0 +1,72 @@
+"""PyTorch: Kubeflow PyTorchJob's variables and torchrun's PET_* arguments (contract section 4)."""
+
+from __future__ import annotations
+
+import re
+
+from trainhook import keys
+from trainhook.webhook.gang import Member, Problems
+
+ELASTIC_RANGE = re.compile(r"^(\d+):(\d+)$")
+
+
+def nproc_per_node(member: Member, gpus: int, problems: Problems) -> tuple[str, int]:
+    """PET_NPROC_PER_NODE and the factor WORLD_SIZE is multiplied by (Kubeflow: only an explicit integer).
+
+    `auto` becomes the training container's GPU limit, or 1 without GPUs: torchrun's own `auto` would start one
+    process per host CPU, which on a shared node is rarely what a pod was sized for.
+    """
+    value = member.option(keys.NPROC_PER_NODE, "auto").strip()
+    if value == "auto":
+        return str(gpus or 1), 1
+    if value in keys.NPROC_WORDS:
+        return value, 1
+    if value.isdigit() and int(value) >= 1:
+        return value, int(value)
+    problems.add(keys.NPROC_PER_NODE, value, "not a process count",
+                 "use auto, cpu, gpu or a positive integer")
+    return "1", 1
+
+
+def elastic_range(member: Member, problems: Problems) -> tuple[int, int] | None:
+    """The `min:max` of an elastic gang, validated against its shape; None when the gang is not elastic."""
+    text = member.option(keys.ELASTIC).strip()
+    if not text:
+        return None
+    match = ELASTIC_RANGE.match(text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        problems.add(keys.ELASTIC, text, "not an elastic range", "write min:max with 1 <= min <= max, e.g. 2:4")
+        return None
+    return int(match[1]), int(match[2])
+
+
+def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
+    nproc, factor = nproc_per_node(member, gpus, problems)
+    if member.shape.count("master") > 1:
+        problems.add(keys.REPLICAS, str(member.shape), "a PyTorch gang has at most one master",
+                     "set master=1 and put the other replicas in the worker role")
+    nodes = member.shape.size
+    master, port = member.rank0_address, str(member.port)
+    env = [
+        (keys.MASTER_ADDR, master),
+        (keys.MASTER_PORT, port),
+        (keys.WORLD_SIZE, str(nodes * factor)),
+        (keys.RANK, str(member.rank)),
+        (keys.PET_MASTER_ADDR, master),
+        (keys.PET_MASTER_PORT, port),
+        (keys.PET_NNODES, str(nodes)),
+        (keys.PET_NODE_RANK, str(member.rank)),
+        (keys.PET_NPROC_PER_NODE, nproc),
+        (keys.PYTHONUNBUFFERED, "1"),
+    ]
+    elastic = elastic_range(member, problems)
+    if elastic:
+        low, high = elastic
+        env[6] = (keys.PET_NNODES, f"{low}:{high}")
+        env += [
+            (keys.PET_RDZV_BACKEND, "c10d"),
+            (keys.PET_RDZV_ENDPOINT, f"{master}:{port}"),
+            (keys.PET_RDZV_ID, member.job_name),
+            (keys.PET_MAX_RESTARTS, member.option(keys.MAX_RESTARTS, "3")),
+        ]
+    return env

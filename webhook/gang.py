@@ -1,0 +1,128 @@
+"""The gang model: a shape (roles and counts in rank order) and one member's place in it.
+
+Everything here is pure and validated up front. Parsers append to a `Problems` list instead of raising, so a
+refusal lists every problem of the object in one answer (a user fixes them all in one round trip).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from trainhook import keys
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class Problems(list[str]):
+    """Every reason an object cannot work, each naming the key, the value and the fix."""
+
+    def add(self, key: str, value: object, why: str, fix: str) -> None:
+        self.append(f"{key}={value!r}: {why}; {fix}")
+
+
+class Denied(Exception):
+    """The object is labeled for trainhook but cannot work; carries every problem found."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The gang's roles and replica counts, in rank order (master/chief first, as Kubeflow ranks them)."""
+
+    counts: tuple[tuple[str, int], ...]
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(role for role, _ in self.counts)
+
+    @property
+    def size(self) -> int:
+        return sum(count for _, count in self.counts)
+
+    def count(self, role: str) -> int:
+        return dict(self.counts).get(role, 0)
+
+    def first_rank(self, role: str) -> int:
+        """The global rank of index 0 of `role`: the sizes of the roles ranked before it."""
+        rank = 0
+        for name, count in self.counts:
+            if name == role:
+                return rank
+            rank += count
+        raise KeyError(role)
+
+    def __str__(self) -> str:
+        return ",".join(f"{role}={count}" for role, count in self.counts)
+
+
+def parse_shape(text: str, framework: str, problems: Problems) -> Shape | None:
+    """Parse `role=count[,role=count]`; roles come back in the framework's rank order."""
+    order = keys.ROLES.get(framework, ())
+    fix = f"write role=count pairs separated by commas, e.g. {order[0] if order else 'worker'}=1,worker=3"
+    counts: dict[str, int] = {}
+    for part in text.split(","):
+        role, sep, count = part.strip().partition("=")
+        role, count = role.strip(), count.strip()
+        if not sep or not role or not count.isdigit():
+            problems.add(keys.REPLICAS, text, f"cannot parse {part.strip()!r}", fix)
+            return None
+        if order and role not in order:
+            problems.add(keys.REPLICAS, text, f"{role!r} is not a {framework} role",
+                         f"use roles from {', '.join(order)}")
+            return None
+        if role in counts:
+            problems.add(keys.REPLICAS, text, f"role {role!r} appears twice", "list each role once")
+            return None
+        counts[role] = int(count)
+    if sum(counts.values()) < 1:
+        problems.add(keys.REPLICAS, text, "the gang has no replicas", "give at least one role a count >= 1")
+        return None
+    ordered = sorted(counts.items(), key=lambda item: order.index(item[0]) if item[0] in order else 0)
+    return Shape(tuple(ordered))
+
+
+@dataclass(frozen=True)
+class Member:
+    """One pod's place in its gang: everything the environment builders need, and nothing from the API."""
+
+    framework: str
+    job_name: str
+    namespace: str
+    role: str
+    index: int
+    shape: Shape
+    hosts: dict[str, str]  # role -> hostname prefix; peer i of the role is `<prefix>-<i>.<subdomain>`
+    subdomain: str
+    port: int
+    options: dict[str, str] = field(default_factory=dict)  # the trainhook.dev/ annotations, by full key
+
+    @property
+    def rank(self) -> int:
+        return self.shape.first_rank(self.role) + self.index
+
+    def address(self, role: str, index: int) -> str:
+        """A pod's DNS name relative to the namespace, as the headless Service publishes it."""
+        return f"{self.hosts[role]}-{index}.{self.subdomain}"
+
+    @property
+    def own_address(self) -> str:
+        return self.address(self.role, self.index)
+
+    def addresses(self, role: str) -> list[str]:
+        return [self.address(role, i) for i in range(self.shape.count(role))]
+
+    @property
+    def all_addresses(self) -> list[str]:
+        """Every member's address, in global rank order."""
+        return [addr for role in self.shape.roles for addr in self.addresses(role)]
+
+    @property
+    def rank0_address(self) -> str:
+        return self.all_addresses[0]
+
+    def option(self, key: str, default: str = "") -> str:
+        return self.options.get(key, default)

@@ -1,0 +1,86 @@
+"""AdmissionReview admission.k8s.io/v1 in, AdmissionReview out: one pure function, no I/O.
+
+Two error channels, as the API server expects: a review that is not a well-formed AdmissionReview raises
+`BadReview` (the HTTP layer answers 400); a labeled object that cannot work is answered `allowed: false`
+with the problems, so the user sees the webhook's message in kubectl's error.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import jsonpatch
+
+from trainhook.webhook.gang import Denied
+from trainhook.webhook.mutate import mutate
+from trainhook.webhook.settings import Settings
+
+API_VERSION = "admission.k8s.io/v1"
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+
+class BadReview(ValueError):
+    """The request body is not an AdmissionReview this webhook can answer."""
+
+
+def _field(obj: dict, name: str, kind: type, where: str) -> Any:
+    value = obj.get(name)
+    if not isinstance(value, kind):
+        raise BadReview(f"{where}.{name} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def parse_review(body: Any) -> dict:
+    """Validate the envelope; returns `request`."""
+    if not isinstance(body, dict):
+        raise BadReview("the body must be a JSON object (an AdmissionReview)")
+    if body.get("apiVersion") != API_VERSION or body.get("kind") != "AdmissionReview":
+        raise BadReview(f"expected apiVersion {API_VERSION} kind AdmissionReview, got "
+                        f"{body.get('apiVersion')!r} {body.get('kind')!r}")
+    request = _field(body, "request", dict, "review")
+    uid = _field(request, "uid", str, "request")
+    if not uid:
+        raise BadReview("request.uid is empty")
+    _field(_field(request, "kind", dict, "request"), "kind", str, "request.kind")
+    if request.get("operation") not in OPERATIONS:
+        raise BadReview(f"request.operation must be one of {', '.join(OPERATIONS)}, got {request.get('operation')!r}")
+    if request["operation"] in ("CREATE", "UPDATE"):
+        obj = _field(request, "object", dict, "request")
+        if not isinstance(obj.get("metadata", {}), dict) or not isinstance(obj.get("spec", {}), dict):
+            raise BadReview("request.object.metadata and .spec must be objects")
+    namespace = request.get("namespace", "")
+    if not isinstance(namespace, str):
+        raise BadReview("request.namespace must be a string")
+    return request
+
+
+def _response(uid: str, **fields: Any) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": {"uid": uid, **fields}}
+
+
+def review(body: Any, settings: Settings) -> dict:
+    """Answer one AdmissionReview; raises BadReview for a malformed one."""
+    request = parse_review(body)
+    uid, kind, operation = request["uid"], request["kind"]["kind"], request["operation"]
+    if operation not in ("CREATE", "UPDATE"):
+        return _response(uid, allowed=True)
+    obj = request["object"]
+    namespace = request.get("namespace") or obj.get("metadata", {}).get("namespace") or "default"
+    try:
+        mutation = mutate(kind, operation, obj, namespace, settings)
+    except Denied as denied:
+        return _response(uid, allowed=False, status={"code": 403, "reason": "Forbidden",
+                                                     "message": "trainhook: " + "; ".join(denied.problems)})
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        # A field of an unexpected type deep inside the object: the review is malformed, not the webhook.
+        raise BadReview(f"request.object has a field of an unexpected type or value: {e!r}") from e
+    answer: dict[str, Any] = {"allowed": True}
+    patch = jsonpatch.make_patch(obj, mutation.obj).patch
+    if patch:
+        answer["patchType"] = "JSONPatch"
+        answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if mutation.warnings:
+        answer["warnings"] = mutation.warnings
+    return _response(uid, **answer)

@@ -1,0 +1,155 @@
+"""StatefulSet, Job and Service mutation: stamp the gang's shape on pod templates and make peers resolvable.
+
+The webhook stamps on the template everything a pod will need at its own admission (framework, job name,
+role, shape and the user's trainhook annotations), because pod admission may make no API call.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from trainhook import keys
+from trainhook.webhook.gang import Problems, Shape, parse_shape
+
+# A real kube-apiserver fills these defaults before admission, so "unset" and "the default" look the same.
+STS_DEFAULT_POLICY = "OrderedReady"
+JOB_DEFAULT_MODE = "NonIndexed"
+
+
+def gang_identity(obj: dict, problems: Problems) -> tuple[str, str, str]:
+    """(framework, job name, role) of a workload, defaults applied."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    framework = labels.get(keys.FRAMEWORK, "")
+    if framework not in keys.ROLES:
+        problems.add(keys.FRAMEWORK, framework, "unknown framework", f"use one of {', '.join(keys.ROLES)}")
+        return framework, "", ""
+    role = labels.get(keys.ROLE, keys.MAIN_ROLE[framework])
+    if role not in keys.ROLES[framework]:
+        problems.add(keys.ROLE, role, f"not a {framework} role", f"use one of {', '.join(keys.ROLES[framework])}")
+    job_name = labels.get(keys.JOB_NAME) or obj.get("metadata", {}).get("name", "")
+    return framework, job_name, role
+
+
+def workload_shape(obj: dict, framework: str, role: str, replicas: int, field: str,
+                   problems: Problems) -> Shape | None:
+    """The gang's shape: the user's annotation (required for multi-role gangs), else this workload alone.
+
+    A single-role annotation on the template is ours from an earlier admission, so it is re-derived from the
+    replica count (that is how a scaled StatefulSet gets its new shape); a multi-role one is the user's.
+    """
+    meta_annotations = obj.get("metadata", {}).get("annotations") or {}
+    template_annotations = obj["spec"].get("template", {}).get("metadata", {}).get("annotations") or {}
+    text = meta_annotations.get(keys.REPLICAS)
+    if text is None and "," in template_annotations.get(keys.REPLICAS, ""):
+        text = template_annotations[keys.REPLICAS]
+    if text is None:
+        return Shape(((role, replicas),))
+    shape = parse_shape(text, framework, problems)
+    if shape is not None and shape.count(role) != replicas:
+        problems.add(keys.REPLICAS, text, f"says {role}={shape.count(role)} but {field} is {replicas}",
+                     f"make them agree (update {keys.REPLICAS} together with {field})")
+    return shape
+
+
+def stamp_template(obj: dict, framework: str, job_name: str, role: str, shape: Shape,
+                   problems: Problems) -> None:
+    """Labels and annotations every pod of the workload needs at its own admission."""
+    meta = obj["spec"].setdefault("template", {}).setdefault("metadata", {})
+    labels = meta.setdefault("labels", {})
+    for key, value in ((keys.FRAMEWORK, framework), (keys.JOB_NAME, job_name), (keys.ROLE, role)):
+        if labels.get(key, value) != value:
+            problems.add(f"spec.template.metadata.labels[{key}]", labels[key], f"differs from the workload's {value}",
+                         "drop it from the template or make it match")
+        labels.setdefault(key, value)
+    annotations = meta.setdefault("annotations", {})
+    for key, value in (obj["metadata"].get("annotations") or {}).items():
+        if key in keys.USER_ANNOTATIONS:
+            annotations.setdefault(key, value)
+    annotations[keys.REPLICAS] = str(shape)
+
+
+def check_multi_role_names(name: str, job_name: str, role: str, shape: Shape, problems: Problems) -> None:
+    if len(shape.roles) > 1 and name != f"{job_name}-{role}":
+        problems.add("metadata.name", name, "a multi-role gang's workloads are named <job-name>-<role>",
+                     f"name it {job_name}-{role}")
+
+
+def mutate_statefulset(sts: dict, operation: str, warnings: list[str]) -> tuple[dict, Problems]:
+    sts = copy.deepcopy(sts)
+    problems = Problems()
+    spec = sts.setdefault("spec", {})
+    framework, job_name, role = gang_identity(sts, problems)
+    if not spec.get("serviceName"):
+        problems.add("spec.serviceName", spec.get("serviceName"), "peers resolve each other through it",
+                     f"set it to the headless Service's name (e.g. {job_name or 'the job name'})")
+    if problems:
+        return sts, problems
+    replicas = int(spec.get("replicas", 1))
+    shape = workload_shape(sts, framework, role, replicas, "spec.replicas", problems)
+    if shape is None:
+        return sts, problems
+    check_multi_role_names(sts["metadata"].get("name", ""), job_name, role, shape, problems)
+    if len(shape.roles) > 1 and spec["serviceName"] != job_name:
+        problems.add("spec.serviceName", spec["serviceName"], "a multi-role gang shares one Service <job-name>",
+                     f"set it to {job_name}")
+    stamp_template(sts, framework, job_name, role, shape, problems)
+    if operation == "CREATE" and spec.get("podManagementPolicy", STS_DEFAULT_POLICY) == STS_DEFAULT_POLICY:
+        if "podManagementPolicy" in spec:
+            warnings.append("spec.podManagementPolicy: OrderedReady (the API server's default) set to Parallel: "
+                            "under OrderedReady only pod 0 starts and the gang never forms")
+        spec["podManagementPolicy"] = "Parallel"
+    return sts, problems
+
+
+def mutate_job(job: dict, operation: str, warnings: list[str]) -> tuple[dict, Problems]:
+    job = copy.deepcopy(job)
+    problems = Problems()
+    if operation != "CREATE":  # a Job's template and completions are immutable once created
+        return job, problems
+    spec = job.setdefault("spec", {})
+    framework, job_name, role = gang_identity(job, problems)
+    completions = spec.get("completions")
+    if not isinstance(completions, int) or completions < 1:
+        problems.add("spec.completions", completions, "an Indexed Job gang needs its size",
+                     "set spec.completions to the number of pods")
+        return job, problems
+    if spec.get("parallelism", completions) != completions:
+        problems.add("spec.parallelism", spec["parallelism"], f"only {spec['parallelism']} of {completions} "
+                     "pods would run at once and the gang never forms", f"set spec.parallelism: {completions}")
+    if spec.get("completionMode", JOB_DEFAULT_MODE) == JOB_DEFAULT_MODE:
+        if "completionMode" in spec:
+            warnings.append("spec.completionMode: NonIndexed (the API server's default) set to Indexed: "
+                            "each pod needs its index to know its rank")
+        spec["completionMode"] = "Indexed"
+    spec.setdefault("parallelism", completions)
+    if problems:
+        return job, problems
+    shape = workload_shape(job, framework, role, completions, "spec.completions", problems)
+    if shape is None:
+        return job, problems
+    check_multi_role_names(job["metadata"].get("name", ""), job_name, role, shape, problems)
+    stamp_template(job, framework, job_name, role, shape, problems)
+    job["spec"]["template"].setdefault("spec", {}).setdefault("subdomain", job_name)
+    return job, problems
+
+
+def mutate_service(service: dict, operation: str, warnings: list[str]) -> tuple[dict, Problems]:
+    """Headless, and publishing not-ready addresses: peers must resolve before any pod is Ready."""
+    service = copy.deepcopy(service)
+    problems = Problems()
+    spec = service.setdefault("spec", {})
+    if spec.get("type", "ClusterIP") != "ClusterIP":
+        problems.add("spec.type", spec["type"], "pod hostnames resolve only through a headless Service",
+                     "use a separate Service for outside access and make this one type ClusterIP")
+    cluster_ip = spec.get("clusterIP")
+    if cluster_ip not in (None, "", "None") or any(ip != "None" for ip in spec.get("clusterIPs") or []):
+        fix = "delete and recreate the Service headless" if operation == "UPDATE" else "drop spec.clusterIP"
+        problems.add("spec.clusterIP", cluster_ip, "pod hostnames resolve only through a headless Service", fix)
+    if problems:
+        return service, problems
+    spec["clusterIP"] = "None"
+    if spec.get("publishNotReadyAddresses") is False:
+        warnings.append("spec.publishNotReadyAddresses: kept your false; peers will not resolve until Ready, "
+                        "and a gang whose pods wait for each other may never start")
+    spec.setdefault("publishNotReadyAddresses", True)
+    return service, problems
