@@ -126,7 +126,7 @@ def member_of(pod: dict, namespace: str, problems: Problems) -> Member | None:
     if annotations.get(keys.GANG_WAIT, "dns") not in keys.GANG_WAIT_MODES:
         problems.add(keys.GANG_WAIT, annotations[keys.GANG_WAIT], "unknown gang-wait mode",
                      f"use one of {', '.join(keys.GANG_WAIT_MODES)}")
-    if shape is None or index is None or not job_name or problems:
+    if shape is None or index is None or not job_name or role not in keys.ROLES[framework]:
         return None
     if index >= shape.count(role):
         problems.add(keys.REPLICAS, str(shape), f"index {index} of role {role} is outside the gang",

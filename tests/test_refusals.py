@@ -1,0 +1,92 @@
+"""Labeled objects that cannot work are denied with every problem, each naming the key, the value and the fix."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from trainhook.webhook.gang import Denied
+from trainhook.webhook.mutate import mutate
+from trainhook.webhook.settings import Settings
+from objects import bare_pod, indexed_job, pod_of_statefulset, service, statefulset
+
+SETTINGS = Settings()
+
+
+def denial(kind: str, obj: dict, operation: str = "CREATE") -> str:
+    with pytest.raises(Denied) as caught:
+        mutate(kind, operation, obj, "team-a", SETTINGS)
+    return str(caught.value)
+
+
+def stamped_pod(**annotations: str) -> dict:
+    sts = mutate("StatefulSet", "CREATE", statefulset("ddp", 2), "team-a", SETTINGS).obj
+    sts["spec"]["template"]["metadata"]["annotations"].update(annotations)
+    return pod_of_statefulset(sts, 0)
+
+
+@pytest.mark.parametrize("kind,obj,expected", [
+    ("StatefulSet", statefulset("x", 2, labels={"trainhook.dev/framework": "tensorfow"}),
+     ["trainhook.dev/framework='tensorfow': unknown framework; use one of pytorch, tensorflow"]),
+    ("StatefulSet", statefulset("x", 2, labels={"trainhook.dev/role": "chief"}),
+     ["trainhook.dev/role='chief': not a pytorch role; use one of master, worker"]),
+    ("StatefulSet", statefulset("x", 2, service=""),
+     ["spec.serviceName='': peers resolve each other through it; set it to the headless Service's name"]),
+    ("StatefulSet", statefulset("x-worker", 2, labels={"trainhook.dev/job-name": "x"},
+                                annotations={"trainhook.dev/replicas": "master=1,worker=x"}),
+     ["trainhook.dev/replicas='master=1,worker=x': cannot parse 'worker=x'; write role=count pairs"]),
+    ("StatefulSet", statefulset("x-worker", 2, labels={"trainhook.dev/job-name": "x"},
+                                annotations={"trainhook.dev/replicas": "master=1,worker=3"}, service="x"),
+     ["trainhook.dev/replicas='master=1,worker=3': says worker=3 but spec.replicas is 2; make them agree"]),
+    ("StatefulSet", statefulset("wrong", 3, labels={"trainhook.dev/job-name": "x"},
+                                annotations={"trainhook.dev/replicas": "master=1,worker=3"}, service="x"),
+     ["metadata.name='wrong': a multi-role gang's workloads are named <job-name>-<role>; name it x-worker"]),
+    ("Pod", bare_pod("p", {"trainhook.dev/job-name": "p"}, {"trainhook.dev/replicas": "worker=2"}),
+     ["trainhook.dev/index=None: a bare Pod needs its index within its role; set the label trainhook.dev/index"]),
+    ("Pod", bare_pod("p", {"trainhook.dev/index": "0"}, {}),
+     ["trainhook.dev/job-name=None: a bare Pod must name its gang",
+      "trainhook.dev/replicas=None: the pod does not say its gang's shape; set the annotation"]),
+    ("Pod", bare_pod("p", {"trainhook.dev/job-name": "p", "trainhook.dev/index": "5"},
+                     {"trainhook.dev/replicas": "worker=2"}),
+     ["index 5 of role worker is outside the gang; make worker=6 or more"]),
+    ("Pod", stamped_pod(**{"trainhook.dev/container": "trainr"}),
+     ["trainhook.dev/container='trainr': no container has that name (containers: trainer)"]),
+    ("Pod", stamped_pod(**{"trainhook.dev/nproc-per-node": "many", "trainhook.dev/elastic": "4:2",
+                           "trainhook.dev/port": "70000", "trainhook.dev/gang-wait": "ping"}),
+     ["trainhook.dev/port='70000': not a TCP port", "trainhook.dev/gang-wait='ping': unknown gang-wait mode",
+      "trainhook.dev/nproc-per-node='many': not a process count",
+      "trainhook.dev/elastic='4:2': not an elastic range"]),
+    ("Pod", bare_pod("p", {"trainhook.dev/job-name": "p", "trainhook.dev/index": "0"},
+                     {"trainhook.dev/replicas": "master=2,worker=1"}),
+     ["a PyTorch gang has at most one master"]),
+    ("Job", {**indexed_job("j", 4), "spec": {**indexed_job("j", 4)["spec"], "parallelism": 1}},
+     ["spec.parallelism=1: only 1 of 4 pods would run at once and the gang never forms; set spec.parallelism: 4"]),
+    ("Service", service("s", type="NodePort"), ["spec.type='NodePort': pod hostnames resolve only through"]),
+    ("Service", service("s", clusterIP="10.0.0.7"), ["spec.clusterIP='10.0.0.7'", "drop spec.clusterIP"]),
+])
+def test_refusals_name_the_key_the_value_and_the_fix(kind, obj, expected):
+    before = copy.deepcopy(obj)
+    message = denial(kind, obj)
+    for fragment in expected:
+        assert fragment in message
+    assert obj == before
+
+
+def test_all_problems_come_in_one_answer():
+    sts = statefulset("x", 2, labels={"trainhook.dev/framework": "pytorch", "trainhook.dev/role": "boss"},
+                      service="")
+    with pytest.raises(Denied) as caught:
+        mutate("StatefulSet", "CREATE", sts, "team-a", SETTINGS)
+    assert len(caught.value.problems) == 2
+
+
+def test_an_existing_cluster_ip_service_cannot_be_updated_into_a_gang():
+    message = denial("Service", service("s", clusterIP="10.0.0.7"), operation="UPDATE")
+    assert "delete and recreate the Service headless" in message
+
+
+def test_a_kept_false_publish_not_ready_addresses_warns():
+    result = mutate("Service", "CREATE", service("s", publishNotReadyAddresses=False), "team-a", SETTINGS)
+    assert result.obj["spec"]["publishNotReadyAddresses"] is False
+    assert "publishNotReadyAddresses" in result.warnings[0]
