@@ -1,0 +1,24 @@
+# trainhook: `make demo` sets up and runs a real 4-pod DDP training locally; `make test` runs every test.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
+
+.PHONY: demo test install lint clean
+
+demo: install  ## create the virtualenv, install, and train examples/pytorch/ddp.yaml on 4 local pods
+	$(BIN)/trainhook local examples/pytorch/ddp.yaml
+
+test: install  ## every test, as CI runs it
+	$(BIN)/python -m pytest -q
+
+install: $(STAMP)
+
+$(STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
