@@ -17,16 +17,22 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 class Problems(list[str]):
     """Every reason an object cannot work, each naming the key, the value and the fix."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: list[str] = []  # the key of each problem, for the refusals-by-reason metric
+
     def add(self, key: str, value: object, why: str, fix: str) -> None:
         self.append(f"{key}={value!r}: {why}; {fix}")
+        self.keys.append(key)
 
 
 class Denied(Exception):
     """The object is labeled for trainhook but cannot work; carries every problem found."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: Problems):
         super().__init__("; ".join(problems))
         self.problems = list(problems)
+        self.keys = list(problems.keys)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
@@ -56,23 +57,34 @@ def parse_review(body: Any) -> dict:
     return request
 
 
+@dataclass
+class Reviewed:
+    """The answer, and what the metrics count about it."""
+
+    answer: dict
+    kind: str
+    outcome: str  # "mutated", "unchanged" or "denied"
+    reasons: list[str] = field(default_factory=list)  # the keys a denial names
+
+
 def _response(uid: str, **fields: Any) -> dict:
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": {"uid": uid, **fields}}
 
 
-def review(body: Any, settings: Settings) -> dict:
+def review(body: Any, settings: Settings) -> Reviewed:
     """Answer one AdmissionReview; raises BadReview for a malformed one."""
     request = parse_review(body)
     uid, kind, operation = request["uid"], request["kind"]["kind"], request["operation"]
     if operation not in ("CREATE", "UPDATE"):
-        return _response(uid, allowed=True)
+        return Reviewed(_response(uid, allowed=True), kind, "unchanged")
     obj = request["object"]
     namespace = request.get("namespace") or obj.get("metadata", {}).get("namespace") or "default"
     try:
         mutation = mutate(kind, operation, obj, namespace, settings)
     except Denied as denied:
-        return _response(uid, allowed=False, status={"code": 403, "reason": "Forbidden",
-                                                     "message": "trainhook: " + "; ".join(denied.problems)})
+        answer = _response(uid, allowed=False, status={"code": 403, "reason": "Forbidden",
+                                                       "message": "trainhook: " + "; ".join(denied.problems)})
+        return Reviewed(answer, kind, "denied", denied.keys)
     except (TypeError, ValueError, AttributeError, KeyError) as e:
         # A field of an unexpected type deep inside the object: the review is malformed, not the webhook.
         raise BadReview(f"request.object has a field of an unexpected type or value: {e!r}") from e
@@ -83,4 +95,4 @@ def review(body: Any, settings: Settings) -> dict:
         answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     if mutation.warnings:
         answer["warnings"] = mutation.warnings
-    return _response(uid, **answer)
+    return Reviewed(_response(uid, **answer), kind, "mutated" if patch else "unchanged")

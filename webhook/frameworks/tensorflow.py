@@ -1,0 +1,76 @@
+"""TensorFlow: Kubeflow TFJob's TF_CONFIG (contract section 4).
+
+The JSON is the one kubeflow/training-operator's TFJob controller writes (pkg/controller.v1/tensorflow/
+tensorflow.go, `genTFConfigJSONStr` and `genClusterSpec`), byte for byte apart from the addresses:
+
+    {"cluster":{"chief":[...],"evaluator":[...],"ps":[...],"worker":[...]},
+     "task":{"type":"worker","index":0},"environment":"cloud"}
+
+- every role of the gang is a key of `cluster` (the evaluator included), roles sorted by name as Go's
+  encoding/json sorts map keys, each role's addresses in index order;
+- an address is `<hostname>.<subdomain>:<port>` (contract section 3) where Kubeflow writes
+  `<job>-<role>-<i>.<namespace>.svc:<port>`; both resolve to the same pod from inside the namespace;
+- a gang of exactly one pod gets no TF_CONFIG, as a TFJob with one replica gets none (Kubeflow's
+  `isDistributed`, issue kubeflow/training-operator#1078): TensorFlow then trains locally instead of starting a
+  gRPC server for a cluster of one.
+
+`cluster_spec` and `tf_config` are pure and shared with `trainhook-launch tf-config`, so the launcher prints
+exactly what the webhook injects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Sequence
+
+from trainhook import keys
+from trainhook.webhook.gang import Member, Problems, Shape
+
+# Set by the webhook on the training container of every pod of a tensorflow gang of two or more pods; read by
+# TensorFlow's TFConfigClusterResolver (and by code written for a Kubeflow TFJob).
+TF_CONFIG = "TF_CONFIG"
+# Kubeflow sets it so that TensorFlow <= 1.3's tf.contrib.learn does not assume a local run; kept for parity.
+ENVIRONMENT = "cloud"
+# Roles TensorFlow allows at most one task of (its multi_worker_util._validate_cluster_spec refuses more).
+SINGLE_TASK_ROLES = ("chief", "master", "evaluator")
+
+
+def cluster_spec(addresses: Mapping[str, Sequence[str]], port: int) -> dict[str, list[str]]:
+    """The `cluster` of TF_CONFIG: role -> [`address:port`, ...], roles sorted by name (Go's map order)."""
+    return {role: [f"{address}:{port}" for address in addresses[role]] for role in sorted(addresses)}
+
+
+def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> str:
+    """TF_CONFIG as Kubeflow's controller serializes it: compact JSON, fields in its struct order."""
+    config = {"cluster": {role: list(cluster[role]) for role in cluster},
+              "task": {"type": task_type, "index": index},
+              "environment": ENVIRONMENT}
+    return json.dumps(config, separators=(",", ":"))
+
+
+def is_distributed(shape: Shape) -> bool:
+    """Kubeflow's rule: TF_CONFIG only when the gang is not exactly one pod."""
+    return shape.size != 1
+
+
+def check_shape(shape: Shape, problems: Problems) -> None:
+    """Shapes TensorFlow (and Kubeflow's TFJob validation) cannot run, each with the fix."""
+    text = str(shape)
+    if shape.count("chief") and shape.count("master"):
+        problems.add(keys.REPLICAS, text, "a TensorFlow gang has a chief or a master, not both (they are the "
+                     "same task to TensorFlow)", "keep one of the two roles")
+    for role in SINGLE_TASK_ROLES:
+        if shape.count(role) > 1:
+            problems.add(keys.REPLICAS, text, f"TensorFlow allows at most one {role} task",
+                         f"set {role}=1 and put the other replicas in the worker role")
+    if shape.count("ps") and not (shape.count("chief") or shape.count("master") or shape.count("worker")):
+        problems.add(keys.REPLICAS, text, "parameter servers with no chief or worker to train",
+                     "add chief=1 (the ParameterServerStrategy coordinator) and workers")
+
+
+def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
+    check_shape(member.shape, problems)
+    if not is_distributed(member.shape):
+        return []
+    addresses = {role: member.addresses(role) for role in member.shape.roles}
+    return [(TF_CONFIG, tf_config(cluster_spec(addresses, member.port), member.role, member.index))]
