@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint clean bench
 
 demo: install  ## create the virtualenv, install, and train examples/pytorch/ddp.yaml on 4 local pods
 	$(BIN)/trainhook local examples/pytorch/ddp.yaml
@@ -22,3 +22,8 @@ $(STAMP):
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+bench: install  ## admission throughput/latency against the yardstick; writes bench/results/ (see docs/performance.md)
+	$(BIN)/pip install --quiet matplotlib
+	$(BIN)/python bench/admission.py
+	$(BIN)/python bench/plot.py

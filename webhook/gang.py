@@ -128,7 +128,9 @@ class Member:
 
     @property
     def rank0_address(self) -> str:
-        return self.all_addresses[0]
+        """Rank 0's address, without listing the gang (a 1024-pod gang costs what a 2-pod one does)."""
+        first_role = next(role for role, count in self.shape.counts if count > 0)
+        return self.address(first_role, 0)
 
     def option(self, key: str, default: str = "") -> str:
         return self.options.get(key, default)
