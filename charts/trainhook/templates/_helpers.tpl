@@ -1,0 +1,157 @@
+{{/*
+Names. Kubernetes names are limited to 63 characters for some fields (DNS labels), so trim.
+*/}}
+{{- define "trainhook.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "trainhook.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "trainhook.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Standard labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/).
+*/}}
+{{- define "trainhook.baseLabels" -}}
+helm.sh/chart: {{ include "trainhook.chart" . }}
+app.kubernetes.io/name: {{ include "trainhook.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: trainhook
+{{- end }}
+
+{{/* The webhook's objects. */}}
+{{- define "trainhook.labels" -}}
+{{ include "trainhook.baseLabels" . }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{/*
+Selector labels: stable across upgrades (a Deployment's selector is immutable), so no version here.
+*/}}
+{{- define "trainhook.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "trainhook.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{- define "trainhook.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "trainhook.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false: name an existing ServiceAccount in the release namespace" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The MutatingWebhookConfiguration (cluster-scoped) and the Service it calls. */}}
+{{- define "trainhook.webhookConfigName" -}}
+{{- include "trainhook.fullname" . }}
+{{- end }}
+
+{{- define "trainhook.serviceName" -}}
+{{- include "trainhook.fullname" . }}
+{{- end }}
+
+{{/* The ClusterRole training pods' ServiceAccounts are bound to. */}}
+{{- define "trainhook.trainingRoleName" -}}
+{{- printf "%s-training" (include "trainhook.fullname" .) }}
+{{- end }}
+
+{{/*
+The certificate mode, checked (the schema checks it too; this keeps templates honest if the schema is skipped).
+*/}}
+{{- define "trainhook.certMode" -}}
+{{- $mode := .Values.certificates.mode }}
+{{- if not (has $mode (list "self-managed" "cert-manager" "secret")) }}
+{{- fail (printf "certificates.mode must be one of self-managed, cert-manager, secret; got %q" $mode) }}
+{{- end }}
+{{- $mode }}
+{{- end }}
+
+{{/* The TLS Secret the webhook serves from: required in mode `secret`, "<fullname>-tls" by default otherwise. */}}
+{{- define "trainhook.tlsSecretName" -}}
+{{- if eq (include "trainhook.certMode" .) "secret" }}
+{{- required "certificates.secretName is required with certificates.mode=secret: name the kubernetes.io/tls Secret (keys tls.crt, tls.key) in the release namespace that the webhook serves" .Values.certificates.secretName }}
+{{- else }}
+{{- default (printf "%s-tls" (include "trainhook.fullname" .)) .Values.certificates.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* Mode `secret`: the caBundle, base64 of the PEM CA; accepts PEM text or its base64. */}}
+{{- define "trainhook.caBundle" -}}
+{{- $ca := required "certificates.caBundle is required with certificates.mode=secret: give the PEM CA certificate that signed the Secret's tls.crt (PEM text or its base64)" .Values.certificates.caBundle | trim }}
+{{- $b64 := $ca }}
+{{- if hasPrefix "-----BEGIN" $ca }}
+{{- $b64 = printf "%s\n" $ca | b64enc }}
+{{- else }}
+{{- $b64 = $ca | nospace }}
+{{- end }}
+{{- if not (hasPrefix "-----BEGIN CERTIFICATE-----" (b64dec $b64)) }}
+{{- fail "certificates.caBundle is neither a PEM certificate (-----BEGIN CERTIFICATE-----) nor the base64 of one" }}
+{{- end }}
+{{- $b64 }}
+{{- end }}
+
+{{/* cert-manager mode: the serving Certificate, and the issuer that signs it. */}}
+{{- define "trainhook.certificateName" -}}
+{{- include "trainhook.fullname" . }}
+{{- end }}
+
+{{- define "trainhook.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "trainhook.launcherImage" -}}
+{{- printf "%s:%s" .Values.launcherImage.repository (default .Chart.AppVersion .Values.launcherImage.tag) }}
+{{- end }}
+
+{{/* The DNS names the serving certificate must carry: how the API server reaches the Service. */}}
+{{- define "trainhook.serviceDNSNames" -}}
+{{- $svc := include "trainhook.serviceName" . }}
+- {{ $svc }}
+- {{ $svc }}.{{ .Release.Namespace }}
+- {{ $svc }}.{{ .Release.Namespace }}.svc
+- {{ $svc }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
+{{- end }}
+
+{{/*
+What both webhooks of the MutatingWebhookConfiguration share: fail closed, but only for objects that opted in
+(objectSelector), and never in kube-system or the release's own namespace (so the webhook can always restart).
+*/}}
+{{- define "trainhook.webhookCommon" -}}
+admissionReviewVersions: ["v1"]
+sideEffects: None
+failurePolicy: Fail
+matchPolicy: Equivalent
+reinvocationPolicy: IfNeeded
+timeoutSeconds: {{ .Values.timeoutSeconds }}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- toYaml (concat (list "kube-system" .Release.Namespace) .Values.excludeNamespaces | uniq) | nindent 8 }}
+clientConfig:
+  service:
+    name: {{ include "trainhook.serviceName" . }}
+    namespace: {{ .Release.Namespace }}
+    path: /mutate
+    port: 443
+  {{- if eq (include "trainhook.certMode" .) "secret" }}
+  caBundle: {{ include "trainhook.caBundle" . }}
+  {{- end }}
+{{- end }}
