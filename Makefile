@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint clean bench
+.PHONY: demo test install lint clean bench helm-lint helm-template
 
 demo: install  ## create the virtualenv, install, and train examples/pytorch/ddp.yaml on 4 local pods
 	$(BIN)/trainhook local examples/pytorch/ddp.yaml
@@ -27,3 +27,10 @@ bench: install  ## admission throughput/latency against the yardstick; writes be
 	$(BIN)/pip install --quiet matplotlib
 	$(BIN)/python bench/admission.py
 	$(BIN)/python bench/plot.py
+
+CHART := charts/trainhook
+helm-lint:  ## helm lint --strict the chart (Helm v4 fetched by hack/get_helm.py)
+	helm=$$($(PYTHON) hack/get_helm.py) && $$helm lint --strict $(CHART) && $$helm lint --strict $(CHART) -f tests/data/chart/values-full.yaml
+
+helm-template:  ## print the chart's manifests with default values
+	@helm=$$($(PYTHON) hack/get_helm.py) && $$helm template trainhook $(CHART) --namespace trainhook
