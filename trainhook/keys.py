@@ -35,7 +35,33 @@ CONTAINER = PREFIX + "container"
 # Annotation: what the injected init container waits for: dns, tcp or none.
 GANG_WAIT = PREFIX + "gang-wait"
 
-USER_ANNOTATIONS = (REPLICAS, PORT, NPROC_PER_NODE, ELASTIC, MAX_RESTARTS, CONTAINER, GANG_WAIT)
+# Annotation: the gang scheduler the pods are handed to: kueue, volcano or coscheduling.
+GANG_SCHEDULER = PREFIX + "gang-scheduler"
+# Annotation: the scheduler's queue (Kueue LocalQueue, Volcano queue).
+QUEUE = PREFIX + "queue"
+# Annotation: how many pods must be placeable together (Kubeflow's schedulingPolicy.minAvailable).
+MIN_AVAILABLE = PREFIX + "min-available"
+# Annotation: the pods' PriorityClass (Kubeflow's schedulingPolicy.priorityClass).
+PRIORITY_CLASS = PREFIX + "priority-class"
+# Annotation: the coscheduling plugin's scheduler name (its deployments name their profile).
+SCHEDULER_NAME = PREFIX + "scheduler-name"
+
+USER_ANNOTATIONS = (REPLICAS, PORT, NPROC_PER_NODE, ELASTIC, MAX_RESTARTS, CONTAINER, GANG_WAIT,
+                    GANG_SCHEDULER, QUEUE, MIN_AVAILABLE, PRIORITY_CLASS, SCHEDULER_NAME)
+GANG_SCHEDULERS = ("kueue", "volcano", "coscheduling")
+
+# --- What gang schedulers read on pods (set by the webhook; their objects come from `trainhook render`) --------
+# Kueue's plain-pod group integration (kueue.x-k8s.io, v0.6+).
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+KUEUE_POD_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
+KUEUE_POD_GROUP_TOTAL_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+# Volcano: the scheduler's name and the PodGroup a pod belongs to.
+VOLCANO_SCHEDULER = "volcano"
+VOLCANO_GROUP_NAME = "scheduling.k8s.io/group-name"
+VOLCANO_QUEUE_NAME = "volcano.sh/queue-name"
+# The coscheduling plugin of kubernetes-sigs/scheduler-plugins: the PodGroup label and the default profile name.
+COSCHEDULING_POD_GROUP = "scheduling.x-k8s.io/pod-group"
+COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
 
 # --- Kubernetes' own keys the webhook reads -------------------------------------------------------------------
 # Set by the Job controller on Indexed Job pods (annotation since 1.21; label too since 1.28).

@@ -12,6 +12,7 @@ import re
 from trainhook import keys
 from trainhook.webhook.frameworks import framework_env
 from trainhook.webhook.gang import DNS_LABEL, Member, Problems, parse_shape
+from trainhook.webhook.scheduling import set_gang_scheduling
 from trainhook.webhook.settings import Settings
 
 ORDINAL = re.compile(r"^(.+)-(\d+)$")
@@ -238,4 +239,5 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     set_env(container, injected, warnings)
     set_tolerations(spec, gpus, settings)
     set_gang_wait(spec, member, settings)
+    set_gang_scheduling(pod, member, problems, warnings)
     return pod, problems
