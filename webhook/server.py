@@ -1,6 +1,9 @@
 """The HTTPS server: aiohttp transport around `review()`; decode, call, map errors to HTTP statuses.
 
-`trainhook-webhook --tls-cert FILE --tls-key FILE [--host H] [--port P]`.
+`trainhook-webhook --tls-cert FILE --tls-key FILE [--host H] [--port P]` serves a mounted certificate
+(certificate modes `secret` and `cert-manager`) and reloads it when the files change;
+`trainhook-webhook --cert-mode self-managed --secret-name S --webhook-config-name W --service-name SVC
+--namespace NS` keeps its own CA and serving pair in the Secret S and the caBundle of W (webhook/selfcerts.py).
 """
 
 from __future__ import annotations
@@ -13,21 +16,37 @@ import ssl
 import sys
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainhook.webhook.observability import Metrics, configure_logging
 from trainhook.webhook.review import BadReview, review
-from trainhook.webhook.settings import Settings, parse_tolerations, settings_from_env
+from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client, service_hostnames
+from trainhook.webhook.settings import (CERT_ENV, CERT_MODES, CertSettings, Settings, cert_settings_from_env,
+                                        parse_sans, parse_tolerations, settings_from_env)
+from trainhook.webhook.tlsreload import BadPair, CertReloader, server_context
+
 
 @dataclass
 class Lifecycle:
-    """Server bookkeeping (never review state): reviews in flight, and whether SIGTERM started a drain."""
+    """Server bookkeeping (never review state): reviews in flight, whether SIGTERM started a drain, and the
+    readiness checks (each returns why the pod is not ready, or None)."""
 
     in_flight: int = 0
     draining: bool = False
+    checks: list[Callable[[], str | None]] = field(default_factory=list)
+
+    def not_ready_reason(self) -> str | None:
+        if self.draining:
+            return "draining"
+        for check in self.checks:
+            reason = check()
+            if reason:
+                return reason
+        return None
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -87,8 +106,9 @@ async def health_handler(request: web.Request) -> web.Response:
 
 
 async def ready_handler(request: web.Request) -> web.Response:
-    if request.app[LIFECYCLE].draining:
-        return web.Response(text="draining", status=503)
+    reason = request.app[LIFECYCLE].not_ready_reason()
+    if reason:
+        return web.Response(text=reason, status=503)
     return web.Response(text="ok")
 
 
@@ -111,20 +131,46 @@ def create_app(settings: Settings) -> web.Application:
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     """TLS 1.2 or newer only, as the API server's webhook client and current guidance expect."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = server_context()
     context.load_cert_chain(cert_file, key_file)
     return context
+
+
+def watch_certificates(app: web.Application, reloader: CertReloader, reload_interval: float,
+                       manager: SelfManagedCerts | None = None, sync_interval: float = 60.0) -> None:
+    """Keep the served certificate current while `app` runs: poll the files (and, self-managed, sync the
+    Secret and the caBundle); readiness waits for a loaded certificate the caBundle trusts."""
+
+    async def background(app: web.Application):
+        jobs = [asyncio.create_task(reloader.watch(reload_interval))]
+        if manager is not None:
+            # After each sync the new files are looked at at once, not at the next poll.
+            jobs.append(asyncio.create_task(manager.run(sync_interval, after_sync=reloader.check)))
+        yield
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+
+    app.cleanup_ctx.append(background)
+    if manager is not None:
+        app[LIFECYCLE].checks.append(lambda: manager.not_ready_reason(reloader.loaded))
+    else:
+        app[LIFECYCLE].checks.append(lambda: None if reloader.loaded else "no serving certificate loaded yet")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = settings_from_env()
     defaults = Settings(**env)
+    try:
+        cert_defaults = CertSettings(**cert_settings_from_env())
+    except ValueError as e:
+        raise ValueError(f"bad certificate setting in the environment: {e}") from e
     parser = argparse.ArgumentParser(prog="trainhook-webhook", description=(
         "trainhook's mutating admission webhook: wires labeled Pods, StatefulSets, Jobs and Services into "
         "distributed-training gangs. Settings also come from TRAINHOOK_WEBHOOK_* environment variables."))
-    parser.add_argument("--tls-cert", required=True, help="PEM certificate chain served to the API server")
-    parser.add_argument("--tls-key", required=True, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-cert", help="PEM certificate chain served to the API server; reloaded when it "
+                        "changes (required unless --cert-mode self-managed)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=9443, help="port to listen on (default 9443)")
     parser.add_argument("--launcher-image", default=defaults.launcher_image,
@@ -136,6 +182,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--wait-timeout", type=int, default=defaults.wait_timeout,
                         help="seconds the gang wait gives peers (env TRAINHOOK_WEBHOOK_WAIT_TIMEOUT)")
     parser.add_argument("--log-level", default="INFO")
+    certs = parser.add_argument_group("certificates", "self-managed: the webhook keeps its CA and serving pair "
+                                      "in one Secret and writes the caBundle of its webhook configuration")
+    certs.add_argument("--cert-mode", choices=CERT_MODES, default=cert_defaults.mode,
+                       help=f"where the certificate comes from (env {CERT_ENV['mode']}; default %(default)s)")
+    certs.add_argument("--tls-reload-interval", type=float, default=cert_defaults.reload_interval,
+                       help="seconds between two looks at the certificate files "
+                            f"(env {CERT_ENV['reload_interval']}; default %(default)s)")
+    for name, meaning in [("secret-name", "the Secret holding the CA and the serving pair"),
+                          ("webhook-config-name", "the MutatingWebhookConfiguration whose caBundle is kept"),
+                          ("service-name", "the webhook's Service (the certificate carries its DNS names)"),
+                          ("namespace", "the namespace of the Secret and the Service"),
+                          ("pod-name", "this pod's name (recorded on the Secret when it writes it)"),
+                          ("cert-dir", "a writable directory for the serving pair")]:
+        field_name = name.replace("-", "_")
+        certs.add_argument(f"--{name}", default=getattr(cert_defaults, field_name),
+                           help=f"self-managed: {meaning} (env {CERT_ENV[field_name]})")
+    certs.add_argument("--extra-sans", default=None,
+                       help=f"self-managed: more comma-separated DNS names or IPs for the certificate, e.g. for a "
+                            f"webhook called by URL (env {CERT_ENV['extra_sans']})")
+    certs.add_argument("--cert-sync-interval", type=float, default=cert_defaults.sync_interval,
+                       help=f"self-managed: seconds between two syncs, jittered ±20%% "
+                            f"(env {CERT_ENV['sync_interval']}; default %(default)s)")
     args = parser.parse_args(argv)
     try:
         tolerations = (parse_tolerations(args.tolerations) if args.tolerations is not None
@@ -144,6 +212,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(str(e))
     args.settings = Settings(launcher_image=args.launcher_image, extra_tolerations=tolerations,
                              cluster_domain=args.cluster_domain, wait_timeout=args.wait_timeout)
+    args.certs = CertSettings(
+        mode=args.cert_mode, cert_file=args.tls_cert, key_file=args.tls_key,
+        reload_interval=args.tls_reload_interval, secret_name=args.secret_name,
+        webhook_config_name=args.webhook_config_name, service_name=args.service_name,
+        namespace=args.namespace, pod_name=args.pod_name, cert_dir=args.cert_dir,
+        extra_sans=parse_sans(args.extra_sans) if args.extra_sans is not None else cert_defaults.extra_sans,
+        sync_interval=args.cert_sync_interval)
+    if args.certs.mode != "self-managed" and args.certs.missing():
+        parser.error(f"--cert-mode {args.certs.mode} serves files: {' and '.join(args.certs.missing())} required")
     return args
 
 
@@ -154,12 +231,45 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainhook-webhook: {e}", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
+    missing = args.certs.missing()
+    if missing:
+        print(f"trainhook-webhook: --cert-mode {args.certs.mode} needs {', '.join(missing)} "
+              "(or their TRAINHOOK_WEBHOOK_* variables, which the chart sets)", file=sys.stderr)
+        return 2
+    return asyncio.run(run(args))
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Get the first certificate (self-managed: sync until the Secret is settled), then serve."""
+    certs: CertSettings = args.certs
+    manager = None
+    if certs.mode == "self-managed":
+        try:
+            api_client = kube_client()
+        except Exception as e:  # noqa: BLE001 - the client's loaders raise several unrelated types
+            print(f"trainhook-webhook: cannot reach the Kubernetes API (in-cluster or KUBECONFIG): {e}",
+                  file=sys.stderr)
+            return 2
+        hostnames = [*service_hostnames(certs.service_name, certs.namespace, args.settings.cluster_domain),
+                     *certs.extra_sans]
+        manager = SelfManagedCerts(api_client, namespace=certs.namespace, secret_name=certs.secret_name,
+                                   webhook_config_name=certs.webhook_config_name, hostnames=hostnames,
+                                   cert_dir=certs.cert_dir, identity=certs.pod_name)
+        log.info("self-managed certificates", extra={"secret": certs.secret_name, "hostnames": hostnames,
+                                                     "webhook_configuration": certs.webhook_config_name})
+        await manager.start()
+        cert_file, key_file = str(manager.cert_file), str(manager.key_file)
+    else:
+        cert_file, key_file = certs.cert_file, certs.key_file
+    reloader = CertReloader(cert_file, key_file)
     try:
-        context = tls_context(args.tls_cert, args.tls_key)
-    except (OSError, ssl.SSLError) as e:
+        reloader.load()
+    except (OSError, BadPair) as e:
         print(f"trainhook-webhook: cannot load --tls-cert/--tls-key: {e}", file=sys.stderr)
         return 2
-    asyncio.run(serve(create_app(args.settings), args.host, args.port, context))
+    app = create_app(args.settings)
+    watch_certificates(app, reloader, certs.reload_interval, manager, certs.sync_interval)
+    await serve(app, args.host, args.port, reloader.context)
     return 0
 
 

@@ -50,3 +50,81 @@ def settings_from_env(environ: dict[str, str] | None = None) -> dict:
     if "TRAINHOOK_WEBHOOK_WAIT_TIMEOUT" in env:
         found["wait_timeout"] = int(env["TRAINHOOK_WEBHOOK_WAIT_TIMEOUT"])
     return found
+
+
+# --- Certificates (how the server gets the certificate it serves; nothing a mutation depends on) ------------
+CERT_MODES = ("self-managed", "cert-manager", "secret")
+# Where the self-managed mode writes the serving pair it keeps in its Secret: in the chart, the pod's /tmp
+# emptyDir (the root filesystem is read-only).
+DEFAULT_CERT_DIR = "/tmp/trainhook-certs"
+
+
+@dataclass(frozen=True)
+class CertSettings:
+    """Where the serving certificate comes from. `cert-manager` and `secret` serve the files `cert_file` and
+    `key_file` (a mounted Secret); `self-managed` keeps a CA and serving pair in the Secret `secret_name`
+    itself, serves them from `cert_dir`, and keeps the caBundle of `webhook_config_name` in place."""
+
+    mode: str = "secret"
+    cert_file: str | None = None
+    key_file: str | None = None
+    # Seconds between two looks at the certificate files (a changed pair is served without a restart).
+    reload_interval: float = 3.0
+    # self-managed only:
+    secret_name: str = ""
+    webhook_config_name: str = ""
+    service_name: str = ""
+    namespace: str = ""
+    pod_name: str = ""
+    cert_dir: str = DEFAULT_CERT_DIR
+    # More names for the serving certificate besides the Service's (e.g. an IP, for a webhook called by URL).
+    extra_sans: tuple[str, ...] = ()
+    # Seconds between two syncs of the Secret and the caBundle (jittered by ±20%).
+    sync_interval: float = 60.0
+
+    def missing(self) -> list[str]:
+        """The settings the mode needs and does not have, as the flags that set them."""
+        if self.mode != "self-managed":
+            return [flag for flag, value in (("--tls-cert", self.cert_file), ("--tls-key", self.key_file))
+                    if not value]
+        return [flag for flag, value in (("--secret-name", self.secret_name),
+                                         ("--webhook-config-name", self.webhook_config_name),
+                                         ("--service-name", self.service_name),
+                                         ("--namespace", self.namespace)) if not value]
+
+
+# Environment variables (set by the chart) for the certificate flags, by CertSettings field.
+CERT_ENV = {
+    "mode": "TRAINHOOK_WEBHOOK_CERT_MODE",
+    "secret_name": "TRAINHOOK_WEBHOOK_SECRET_NAME",
+    "webhook_config_name": "TRAINHOOK_WEBHOOK_WEBHOOK_CONFIG_NAME",
+    "service_name": "TRAINHOOK_WEBHOOK_SERVICE_NAME",
+    "namespace": "TRAINHOOK_WEBHOOK_NAMESPACE",
+    "pod_name": "TRAINHOOK_WEBHOOK_POD_NAME",
+    "cert_dir": "TRAINHOOK_WEBHOOK_CERT_DIR",
+    "extra_sans": "TRAINHOOK_WEBHOOK_EXTRA_SANS",
+    "reload_interval": "TRAINHOOK_WEBHOOK_TLS_RELOAD_INTERVAL",
+    "sync_interval": "TRAINHOOK_WEBHOOK_CERT_SYNC_INTERVAL",
+}
+
+
+def cert_settings_from_env(environ: dict[str, str] | None = None) -> dict:
+    """Certificate settings named in the environment, as keyword arguments for `CertSettings`."""
+    env = os.environ if environ is None else environ
+    found: dict = {}
+    for name, variable in CERT_ENV.items():
+        if variable not in env:
+            continue
+        value = env[variable]
+        if name == "extra_sans":
+            found[name] = parse_sans(value)
+        elif name in ("reload_interval", "sync_interval"):
+            found[name] = float(value)
+        else:
+            found[name] = value
+    return found
+
+
+def parse_sans(text: str) -> tuple[str, ...]:
+    """Comma-separated DNS names or IPs."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())

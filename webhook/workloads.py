@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 from trainhook import keys
+from trainhook.webhook.frameworks import check_shape
 from trainhook.webhook.gang import Problems, Shape, parse_shape
 
 # A real kube-apiserver fills these defaults before admission, so "unset" and "the default" look the same.
@@ -48,6 +49,8 @@ def workload_shape(obj: dict, framework: str, role: str, replicas: int, field: s
     if shape is not None and shape.count(role) != replicas:
         problems.add(keys.REPLICAS, text, f"says {role}={shape.count(role)} but {field} is {replicas}",
                      f"make them agree (update {keys.REPLICAS} together with {field})")
+    if shape is not None:
+        check_shape(framework, shape, problems)
     return shape
 
 

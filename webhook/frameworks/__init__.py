@@ -3,7 +3,9 @@
 Each framework is a module of this package named after it (`pytorch.py`, `tensorflow.py`, ...) with
 `build_env(member, gpus, problems) -> list[tuple[str, str]]`: the training container's GPU count, and a
 `Problems` list for options it cannot use. It returns the variables in the order they should appear, before
-the user's own. A framework without a module injects only the TRAINHOOK_* variables.
+the user's own. A framework without a module injects only the TRAINHOOK_* variables. A module may also have
+`check_shape(shape, problems)`: the workload's own admission calls it, so a shape the framework cannot run is
+refused at `kubectl apply`, not later when the controller's pods are refused out of the user's sight.
 """
 
 from __future__ import annotations
@@ -13,24 +15,29 @@ from functools import cache
 from typing import Callable
 
 from trainhook import keys
-from trainhook.webhook.gang import Member, Problems
+from trainhook.webhook.gang import Member, Problems, Shape
 
 EnvBuilder = Callable[[Member, int, Problems], list[tuple[str, str]]]
 
 
 @cache
-def builder_for(framework: str) -> EnvBuilder | None:
+def module_for(framework: str):
     if framework not in keys.ROLES:
         return None
     try:
-        module = importlib.import_module(f"{__name__}.{framework}")
+        return importlib.import_module(f"{__name__}.{framework}")
     except ModuleNotFoundError as e:
         if e.name != f"{__name__}.{framework}":
             raise
         return None
-    return module.build_env
 
 
 def framework_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
-    builder = builder_for(member.framework)
-    return builder(member, gpus, problems) if builder else []
+    module = module_for(member.framework)
+    return module.build_env(member, gpus, problems) if module else []
+
+
+def check_shape(framework: str, shape: Shape, problems: Problems) -> None:
+    module = module_for(framework)
+    if module is not None and hasattr(module, "check_shape"):
+        module.check_shape(shape, problems)

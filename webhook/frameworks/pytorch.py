@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from trainhook import keys
-from trainhook.webhook.gang import Member, Problems
+from trainhook.webhook.gang import Member, Problems, Shape
 
 ELASTIC_RANGE = re.compile(r"^(\d+):(\d+)$")
 
@@ -40,11 +40,15 @@ def elastic_range(member: Member, problems: Problems) -> tuple[int, int] | None:
     return int(match[1]), int(match[2])
 
 
+def check_shape(shape: Shape, problems: Problems) -> None:
+    if shape.count("master") > 1:
+        problems.add(keys.REPLICAS, str(shape), "a PyTorch gang has at most one master",
+                     "set master=1 and put the other replicas in the worker role")
+
+
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
     nproc, factor = nproc_per_node(member, gpus, problems)
-    if member.shape.count("master") > 1:
-        problems.add(keys.REPLICAS, str(member.shape), "a PyTorch gang has at most one master",
-                     "set master=1 and put the other replicas in the worker role")
+    check_shape(member.shape, problems)
     nodes = member.shape.size
     master, port = member.rank0_address, str(member.port)
     env = [
