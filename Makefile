@@ -17,6 +17,7 @@ install: $(STAMP)
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet tensorflow==2.21.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
