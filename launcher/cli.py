@@ -1,0 +1,119 @@
+"""`trainhook-launch`: the in-pod launcher's command line (contract section 6).
+
+Each subcommand lives in its own module; this file only parses arguments and turns a ConfigError (a user's or
+a webhook's mistake) into one line on stderr and exit code 2, never a traceback. `run` and `torchrun` pass
+everything after their name through untouched, because the wrapped command's own flags are not ours to parse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from trainhook import keys
+from trainhook.launcher import run as run_module
+from trainhook.launcher import tf_config as tf_config_module
+from trainhook.launcher import torchrun as torchrun_module
+from trainhook.launcher import wait as wait_module
+from trainhook.launcher.gang import ConfigError, parse_gang
+
+EXIT_USAGE = 2
+PASSTHROUGH = ("run", "torchrun")  # subcommands whose arguments belong to the command they start
+
+DESCRIPTION = """\
+The in-pod side of trainhook. The webhook injects TRAINHOOK_* variables (and the framework's own, such as
+MASTER_ADDR or TF_CONFIG) into every pod of a training gang; these commands use them, with no API call."""
+
+WAIT_HELP = f"""\
+Block until the whole gang is there; run by the gang-wait init container the webhook adds.
+dns: every member's address resolves. tcp: also every member's gang-wait accepts a connection from every
+other (a symmetric barrier on port {keys.TH_GANG_WAIT_PORT}, default {keys.GANG_WAIT_PORT}; it never
+touches the training port, which nothing listens on yet). On the deadline it exits 1 naming the members
+still missing. Defaults come from {keys.TH_GANG_WAIT}, {keys.TH_WAIT_TIMEOUT} and {keys.TH_GANG_WAIT_PORT}."""
+
+RUN_HELP = """\
+Run CMD as a child: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to it, orphaned processes are
+reaped when the launcher is the container's PID 1, and the exit code is CMD's own (128+N when CMD is killed
+by signal N, as a shell reports it; 127 when CMD does not exist)."""
+
+TORCHRUN_HELP = f"""\
+Run torchrun (python -m torch.distributed.run) with --nnodes, --nproc-per-node, --node-rank, --master-addr and
+--master-port taken from {keys.PET_NNODES}, {keys.PET_NPROC_PER_NODE}, {keys.PET_NODE_RANK} (or {keys.RANK}),
+{keys.PET_MASTER_ADDR} (or {keys.MASTER_ADDR}) and {keys.PET_MASTER_PORT} (or {keys.MASTER_PORT}); for an
+elastic gang ({keys.PET_RDZV_BACKEND} set), --rdzv-backend, --rdzv-endpoint, --rdzv-id and --max-restarts
+instead. torchrun flags given before SCRIPT win over the environment, e.g.
+  trainhook-launch torchrun --nproc-per-node 2 train.py --epochs 3
+The command is printed to stderr, then run as `run` runs a command (signals forwarded, exit code kept)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainhook-launch", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, summary: str, text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=summary, description=text,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    wait = add("wait", "block until every member of the gang is there (the gang-wait init container)", WAIT_HELP)
+    wait.add_argument("--mode", choices=keys.GANG_WAIT_MODES,
+                      help=f"what to wait for (default: ${keys.TH_GANG_WAIT} or dns)")
+    wait.add_argument("--timeout", type=float, metavar="SECONDS",
+                      help=f"give up after this long (default: ${keys.TH_WAIT_TIMEOUT} or 600)")
+    wait.add_argument("--port", type=int, metavar="PORT",
+                      help=f"the tcp barrier's port (default: ${keys.TH_GANG_WAIT_PORT} or {keys.GANG_WAIT_PORT})")
+    run = add("run", "run the training command: signals forwarded, orphans reaped, exit code kept", RUN_HELP)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]")
+    torchrun = add("torchrun", "torchrun with --nnodes, --node-rank, --master-addr... from the environment",
+                   TORCHRUN_HELP)
+    torchrun.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[TORCHRUN FLAGS] [--] SCRIPT [ARGS ...]")
+    tf_config_module.add_parser(commands)
+    # The contract's later commands (mpirun, mpi-worker, kubexec) register here the same way, from their modules.
+    return parser
+
+
+def do_wait(args: argparse.Namespace) -> int:
+    """Flags become the variables they stand for, so one parser validates both and errors name one thing."""
+    env = dict(os.environ)
+    for flag, name in (("mode", keys.TH_GANG_WAIT), ("timeout", keys.TH_WAIT_TIMEOUT),
+                       ("port", keys.TH_GANG_WAIT_PORT)):
+        if getattr(args, flag) is not None:
+            env[name] = str(getattr(args, flag))
+    return wait_module.wait(parse_gang(env))
+
+
+def do_run(args: argparse.Namespace) -> int:
+    if not args.cmd:
+        raise ConfigError("run needs a command: trainhook-launch run -- CMD [ARGS ...]")
+    return run_module.run_command(args.cmd)
+
+
+def do_torchrun(args: argparse.Namespace) -> int:
+    return torchrun_module.main(args.cmd)
+
+
+HANDLERS = {"wait": do_wait, "run": do_run, "torchrun": do_torchrun, "tf-config": tf_config_module.main}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in PASSTHROUGH and argv[1:2] not in (["-h"], ["--help"]):
+        # argparse would try to read the wrapped command's own flags (`torchrun --nproc-per-node 2 x.py`).
+        args = parser.parse_args(argv[:1])
+        args.cmd = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+    else:
+        args = parser.parse_args(argv)
+    try:
+        return HANDLERS[args.command](args)
+    except ConfigError as e:
+        print(f"trainhook-launch {args.command}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

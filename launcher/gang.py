@@ -1,0 +1,205 @@
+"""This pod's gang, read from the TRAINHOOK_* variables the webhook injects (contract sections 3 and 4).
+
+The launcher makes no API call: everything it needs to find its peers is in its own environment, so it works
+the same under any RBAC and in the gang-wait init container before the pod has a service account token.
+Parsing is pure (a mapping in, a frozen `Gang` out) and reports every bad variable at once, each by name, so
+someone debugging a hand-written pod (or a webhook bug) sees the whole problem in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from trainhook import keys
+
+
+class ConfigError(Exception):
+    """The environment or the command line cannot work. The CLI prints it as one line and exits 2.
+
+    It carries every problem found, each naming the variable (or flag), its value and what is wrong, because a
+    user who sees only the first problem needs one pod restart per mistake.
+    """
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One member of the gang: where it sits (role, index, global rank) and the DNS name it answers on."""
+
+    role: str
+    index: int
+    rank: int
+    address: str
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} ({self.role}-{self.index} at {self.address})"
+
+
+@dataclass(frozen=True)
+class Gang:
+    """The whole gang as this pod sees it; `peers` is every member (this pod included) in global rank order."""
+
+    framework: str
+    job_name: str
+    namespace: str
+    role: str
+    index: int
+    rank: int
+    peers: tuple[Peer, ...]
+    subdomain: str
+    address: str
+    port: int
+    gang_wait: str
+    gang_wait_port: int
+    wait_timeout: float
+
+    @property
+    def size(self) -> int:
+        return len(self.peers)
+
+    @property
+    def me(self) -> Peer:
+        return self.peers[self.rank]
+
+    @property
+    def others(self) -> tuple[Peer, ...]:
+        """Every member but this pod: the ones a barrier has to hear from."""
+        return tuple(peer for peer in self.peers if peer.rank != self.rank)
+
+
+class Problems(list[str]):
+    """Problems found so far; unset variables are gathered into one entry, as they usually share one cause."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unset: list[str] = []
+
+    def missing(self, name: str) -> None:
+        self.unset.append(name)
+
+    def all(self) -> list[str]:
+        if not self.unset:
+            return list(self)
+        return [f"not set: {', '.join(self.unset)} (the trainhook webhook injects these into pods labeled "
+                f"{keys.FRAMEWORK}; is the pod labeled, and does the webhook's objectSelector match it?)", *self]
+
+
+def parse_pairs(name: str, text: str, problems: list[str]) -> list[tuple[str, str]] | None:
+    """Parse `key=value[,key=value]` keeping the order (TRAINHOOK_REPLICAS is in rank order); None on error."""
+    pairs: list[tuple[str, str]] = []
+    for part in text.split(","):
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not key or not value:
+            problems.append(f"{name}={text!r}: cannot parse {part.strip()!r}; expected role=value[,role=value]")
+            return None
+        if key in dict(pairs):
+            problems.append(f"{name}={text!r}: role {key!r} appears twice")
+            return None
+        pairs.append((key, value))
+    return pairs
+
+
+def _number(env: Mapping[str, str], name: str, default: float | None, low: float, high: float,
+            problems: Problems, integer: bool = True) -> float | None:
+    """A numeric variable within [low, high], or `default` when unset (None default: required)."""
+    text = env.get(name, "").strip()
+    if not text:
+        if default is None:
+            problems.missing(name)
+        return default
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        problems.append(f"{name}={text!r}: not {'an integer' if integer else 'a number'}")
+        return None
+    if not low <= value <= high:
+        problems.append(f"{name}={text!r}: out of range {low:g}..{high:g}")
+        return None
+    return value
+
+
+def _shape(env: Mapping[str, str], problems: Problems) -> list[tuple[str, int]] | None:
+    text = env.get(keys.TH_REPLICAS, "").strip()
+    if not text:
+        problems.missing(keys.TH_REPLICAS)
+        return None
+    pairs = parse_pairs(keys.TH_REPLICAS, text, problems)
+    if pairs is None:
+        return None
+    if not all(count.isdigit() for _, count in pairs):
+        problems.append(f"{keys.TH_REPLICAS}={text!r}: counts must be non-negative integers")
+        return None
+    shape = [(role, int(count)) for role, count in pairs]
+    if sum(count for _, count in shape) < 1:
+        problems.append(f"{keys.TH_REPLICAS}={text!r}: the gang has no members")
+        return None
+    return shape
+
+
+def build_peers(shape: list[tuple[str, int]], hosts: Mapping[str, str], subdomain: str) -> tuple[Peer, ...]:
+    """Every member in global rank order: roles in the order given, indexes ascending (Kubeflow's ranking)."""
+    peers: list[Peer] = []
+    for role, count in shape:
+        for index in range(count):
+            peers.append(Peer(role, index, len(peers), f"{hosts[role]}-{index}.{subdomain}"))
+    return tuple(peers)
+
+
+def parse_gang(env: Mapping[str, str]) -> Gang:
+    """Read the gang from the TRAINHOOK_* variables; raise ConfigError listing every missing or bad one."""
+    problems = Problems()
+
+    def required(name: str) -> str:
+        value = env.get(name, "").strip()
+        if not value:
+            problems.missing(name)
+        return value
+
+    framework = required(keys.TH_FRAMEWORK)
+    if framework and framework not in keys.ROLES:
+        problems.append(f"{keys.TH_FRAMEWORK}={framework!r}: not a framework trainhook knows "
+                        f"({', '.join(keys.ROLES)})")
+    job_name, namespace = required(keys.TH_JOB_NAME), required(keys.TH_NAMESPACE)
+    role, subdomain = required(keys.TH_ROLE), required(keys.TH_SUBDOMAIN)
+    index = _number(env, keys.TH_INDEX, None, 0, 1 << 31, problems)
+    shape = _shape(env, problems)
+    hosts_text = required(keys.TH_HOSTS)
+    hosts = dict(parse_pairs(keys.TH_HOSTS, hosts_text, problems) or []) if hosts_text else {}
+    port = _number(env, keys.TH_PORT, keys.DEFAULT_PORT.get(framework, 0), 0, 65535, problems)
+    gang_wait = env.get(keys.TH_GANG_WAIT, "").strip() or "dns"
+    if gang_wait not in keys.GANG_WAIT_MODES:
+        problems.append(f"{keys.TH_GANG_WAIT}={gang_wait!r}: use one of {', '.join(keys.GANG_WAIT_MODES)}")
+    wait_port = _number(env, keys.TH_GANG_WAIT_PORT, keys.GANG_WAIT_PORT, 1, 65535, problems)
+    timeout = _number(env, keys.TH_WAIT_TIMEOUT, 600.0, 0.0, 1e9, problems, integer=False)
+
+    rank = -1
+    if shape is not None:
+        counts = dict(shape)
+        if hosts_text and hosts:
+            for name in [r for r, count in shape if count and r not in hosts]:
+                problems.append(f"{keys.TH_HOSTS}={hosts_text!r}: no hostname prefix for role {name!r}, "
+                                f"which has members in {keys.TH_REPLICAS}")
+        if role and not counts.get(role):
+            problems.append(f"{keys.TH_ROLE}={role!r}: not a role with members in "
+                            f"{keys.TH_REPLICAS}={env.get(keys.TH_REPLICAS)!r}")
+        elif role and index is not None and index >= counts[role]:
+            problems.append(f"{keys.TH_INDEX}={env.get(keys.TH_INDEX)!r}: role {role!r} has only "
+                            f"{counts[role]} member(s) in {keys.TH_REPLICAS}")
+        elif role and index is not None:
+            rank = sum(count for r, count in shape[:[r for r, _ in shape].index(role)]) + int(index)
+            given = env.get(keys.TH_RANK, "").strip()
+            if given and given != str(rank):
+                problems.append(f"{keys.TH_RANK}={given!r}: {role}-{index} has rank {rank} in "
+                                f"{keys.TH_REPLICAS}={env.get(keys.TH_REPLICAS)!r}")
+    if problems.all():
+        raise ConfigError(problems.all())
+    assert shape is not None and index is not None and port is not None and wait_port is not None
+    peers = build_peers(shape, hosts, subdomain)
+    address = env.get(keys.TH_ADDRESS, "").strip() or peers[rank].address
+    return Gang(framework=framework, job_name=job_name, namespace=namespace, role=role, index=int(index),
+                rank=rank, peers=peers, subdomain=subdomain, address=address, port=int(port),
+                gang_wait=gang_wait, gang_wait_port=int(wait_port), wait_timeout=float(timeout or 0.0))
