@@ -17,7 +17,7 @@ webhook's environment is plain values, so that pod gets `127.0.0.1:<port>`, the 
 from __future__ import annotations
 
 from trainhook import keys
-from trainhook.webhook.gang import Member, Problems
+from trainhook.webhook.gang import Member, Problems, Shape
 
 # Read by paddle.distributed.launch as the defaults of --master, --nnodes and --job_id.
 PADDLE_MASTER = "PADDLE_MASTER"
@@ -30,11 +30,15 @@ PADDLE_TRAINER_NUM = "PADDLE_TRAINER_NUM"
 LOOPBACK = "127.0.0.1"
 
 
-def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
-    ps_mode = member.shape.count("master") > 0
-    if member.shape.count("master") > 1:
-        problems.add(keys.REPLICAS, str(member.shape), "a PaddlePaddle gang has at most one master (the rendezvous)",
+def check_shape(shape: Shape, problems: Problems) -> None:
+    if shape.count("master") > 1:
+        problems.add(keys.REPLICAS, str(shape), "a PaddlePaddle gang has at most one master (the rendezvous)",
                      "set master=1 and put the other replicas in the worker role")
+
+
+def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
+    check_shape(member.shape, problems)
+    ps_mode = member.shape.count("master") > 0
     host_role = "master" if ps_mode else "worker"
     hosts_rendezvous = member.role == host_role and member.index == 0
     master = LOOPBACK if hosts_rendezvous else member.address(host_role, 0)

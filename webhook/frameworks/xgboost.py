@@ -16,7 +16,7 @@ MASTER_PORT, RANK and WORLD_SIZE in their own code.
 from __future__ import annotations
 
 from trainhook import keys
-from trainhook.webhook.gang import Member, Problems
+from trainhook.webhook.gang import Member, Problems, Shape
 
 # Read by LightGBM-style code (Kubeflow's lightgbm-dist example): the other members and their port.
 WORKER_PORT = "WORKER_PORT"
@@ -28,10 +28,14 @@ DMLC_TASK_ID = "DMLC_TASK_ID"
 DMLC_NUM_WORKER = "DMLC_NUM_WORKER"
 
 
-def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
-    if member.shape.count("master") > 1:
-        problems.add(keys.REPLICAS, str(member.shape), "an XGBoost gang has at most one master (it runs the tracker)",
+def check_shape(shape: Shape, problems: Problems) -> None:
+    if shape.count("master") > 1:
+        problems.add(keys.REPLICAS, str(shape), "an XGBoost gang has at most one master (it runs the tracker)",
                      "set master=1 and put the other replicas in the worker role")
+
+
+def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
+    check_shape(member.shape, problems)
     master, port, world = member.rank0_address, str(member.port), str(member.shape.size)
     env = [
         (keys.MASTER_PORT, port),
