@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint clean bench helm-lint helm-template
+.PHONY: demo test install lint clean bench helm-lint helm-template images e2e-kind
 
 demo: install  ## create the virtualenv, install, and train examples/pytorch/ddp.yaml on 4 local pods
 	$(BIN)/trainhook local examples/pytorch/ddp.yaml
@@ -36,3 +36,13 @@ helm-lint:  ## helm lint --strict the chart (Helm v4 fetched by hack/get_helm.py
 
 helm-template:  ## print the chart's manifests with default values
 	@helm=$$($(PYTHON) hack/get_helm.py) && $$helm template trainhook $(CHART) --namespace trainhook
+
+IMAGE_REGISTRY ?= ghcr.io/trainhook
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/trainhook/Chart.yaml)
+
+images:  ## build the webhook and launcher images (needs Docker; no container engine runs on the CI machines)
+	docker build -f images/webhook.Dockerfile -t $(IMAGE_REGISTRY)/webhook:$(IMAGE_TAG) .
+	docker build -f images/launcher.Dockerfile -t $(IMAGE_REGISTRY)/launcher:$(IMAGE_TAG) .
+
+e2e-kind: images  ## kind cluster, images loaded, helm install, the PyTorch example to completion (needs Docker, kind, kubectl; not run in CI)
+	IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/e2e-kind.sh
