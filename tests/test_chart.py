@@ -148,7 +148,7 @@ def test_every_rendered_manifest_is_valid_under_strict_schemas(rendered, version
             assert used == version, f"{where}: validated against {used}, not {version}"
     kinds = {json.loads(key)["kind"] for key in checked}
     assert kinds == {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "MutatingWebhookConfiguration",
-                     "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+                     "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Secret"}
 
 
 @pytest.mark.parametrize("name", value_sets("cert-manager"))
@@ -408,7 +408,8 @@ def test_the_certificate_settings_name_the_objects_the_chart_renders(rendered, n
     assert env["TRAINHOOK_WEBHOOK_WEBHOOK_CONFIG_NAME"] == find(manifests, "MutatingWebhookConfiguration")[
         "metadata"]["name"]
     assert env["TRAINHOOK_WEBHOOK_SERVICE_NAME"] == find(manifests, "Service")["metadata"]["name"]
-    from_fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    from_fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]
+                   if "fieldRef" in e.get("valueFrom", {})}
     assert from_fields == {"TRAINHOOK_WEBHOOK_NAMESPACE": "metadata.namespace",
                            "TRAINHOOK_WEBHOOK_POD_NAME": "metadata.name"}
 
@@ -533,3 +534,13 @@ def test_invalid_values_fail_with_a_message_naming_the_value(values, message):
     with pytest.raises(HelmError) as failure:
         render_chart(values, NAMESPACE)
     assert message in failure.value.stderr
+
+
+def test_every_replica_reads_one_gang_key_from_the_charts_secret():
+    objects = render_chart({})
+    secret = find(objects, "Secret", "trainhook-gang-key")
+    assert len(base64.b64decode(secret["data"]["gang-key"])) == 48
+    container = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TRAINHOOK_WEBHOOK_GANG_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "trainhook-gang-key",
+                                                                                "key": "gang-key"}

@@ -197,3 +197,16 @@ def test_mutating_twice_equals_mutating_once(kind, obj):
     twice = mutate(kind, "CREATE", once.obj, "team-a", SETTINGS)
     assert twice.obj == once.obj
     assert twice.warnings == once.warnings or not once.warnings
+
+
+def test_the_gang_token_is_an_hmac_of_namespace_and_job_under_the_webhooks_key():
+    import hashlib
+    import hmac
+    keyed = Settings(gang_key=b"only-the-webhook-knows")
+    pod = mutate("Pod", "CREATE", pod_of_statefulset(STS_STAMPED, 1), "team-a", keyed).obj
+    expected = hmac.new(b"only-the-webhook-knows", b"team-a/ddp", hashlib.sha256).hexdigest()
+    for container in (pod["spec"]["containers"][0], pod["spec"]["initContainers"][0]):
+        assert {"name": "TRAINHOOK_GANG_TOKEN", "value": expected} in container["env"]
+    other_namespace = mutate("Pod", "CREATE", pod_of_statefulset(STS_STAMPED, 1), "team-b", keyed).obj
+    assert {"name": "TRAINHOOK_GANG_TOKEN", "value": expected} not in other_namespace["spec"]["containers"][0]["env"]
+    assert mutate("Pod", "CREATE", pod, "team-a", keyed).obj == pod

@@ -137,3 +137,6 @@ TH_GANG_WAIT = "TRAINHOOK_GANG_WAIT"
 TH_GANG_WAIT_PORT = "TRAINHOOK_GANG_WAIT_PORT"
 # Seconds the gang wait gives peers before failing with the list of those missing.
 TH_WAIT_TIMEOUT = "TRAINHOOK_WAIT_TIMEOUT"
+# The gang's token: HMAC-SHA256 of `<namespace>/<job-name>` under a key only the webhook holds. The launchers
+# authenticate their coordination messages with it, so nothing outside the gang can end or restart it.
+TH_GANG_TOKEN = "TRAINHOOK_GANG_TOKEN"

@@ -6,6 +6,8 @@ refusal lists every problem of the object in one answer (a user fixes them all i
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from dataclasses import dataclass, field
 
@@ -134,3 +136,9 @@ class Member:
 
     def option(self, key: str, default: str = "") -> str:
         return self.options.get(key, default)
+
+
+def gang_token(key: bytes, namespace: str, job_name: str) -> str:
+    """The gang's shared secret: deterministic (every replica of the webhook and every re-admission agrees)
+    and different for every namespace and job, so one gang's token says nothing about another's."""
+    return hmac.new(key, f"{namespace}/{job_name}".encode(), hashlib.sha256).hexdigest()

@@ -11,7 +11,7 @@ import re
 
 from trainhook import keys
 from trainhook.webhook.frameworks import framework_env
-from trainhook.webhook.gang import DNS_LABEL, Member, Problems, parse_shape
+from trainhook.webhook.gang import DNS_LABEL, Member, Problems, gang_token, parse_shape
 from trainhook.webhook.scheduling import set_gang_scheduling
 from trainhook.webhook.settings import Settings
 
@@ -156,7 +156,8 @@ def gang_env(member: Member, settings: Settings) -> list[tuple[str, str]]:
         (keys.TH_GANG_WAIT, member.option(keys.GANG_WAIT, "dns")),
         (keys.TH_GANG_WAIT_PORT, str(keys.GANG_WAIT_PORT)),
         (keys.TH_WAIT_TIMEOUT, str(settings.wait_timeout)),
-    ]
+    ] + ([(keys.TH_GANG_TOKEN, gang_token(settings.gang_key, member.namespace, member.job_name))]
+         if settings.gang_key else [])
 
 
 def set_env(container: dict, injected: list[tuple[str, str]], warnings: list[str]) -> None:

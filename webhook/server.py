@@ -12,10 +12,12 @@ import argparse
 import asyncio
 import json
 import logging
+import secrets
+import signal
 import ssl
 import sys
-import signal
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -181,6 +183,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the cluster's DNS domain (env TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN)")
     parser.add_argument("--wait-timeout", type=int, default=defaults.wait_timeout,
                         help="seconds the gang wait gives peers (env TRAINHOOK_WEBHOOK_WAIT_TIMEOUT)")
+    parser.add_argument("--gang-key-file", default=None,
+                        help="file holding the key gang tokens are derived from; every replica must share it "
+                             "(env TRAINHOOK_WEBHOOK_GANG_KEY holds the key itself; the chart keeps it in a Secret)")
     parser.add_argument("--log-level", default="INFO")
     certs = parser.add_argument_group("certificates", "self-managed: the webhook keeps its CA and serving pair "
                                       "in one Secret and writes the caBundle of its webhook configuration")
@@ -210,8 +215,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        else defaults.extra_tolerations)
     except ValueError as e:
         parser.error(str(e))
+    gang_key = defaults.gang_key
+    if args.gang_key_file:
+        try:
+            gang_key = Path(args.gang_key_file).read_bytes().strip()
+        except OSError as e:
+            parser.error(f"--gang-key-file: {e}")
+    if not gang_key:
+        # One process alone (a local run, a test) is consistent with itself; replicas are not: say so.
+        gang_key = secrets.token_bytes(32)
+        args.gang_key_generated = True
     args.settings = Settings(launcher_image=args.launcher_image, extra_tolerations=tolerations,
-                             cluster_domain=args.cluster_domain, wait_timeout=args.wait_timeout)
+                             cluster_domain=args.cluster_domain, wait_timeout=args.wait_timeout,
+                             gang_key=gang_key)
     args.certs = CertSettings(
         mode=args.cert_mode, cert_file=args.tls_cert, key_file=args.tls_key,
         reload_interval=args.tls_reload_interval, secret_name=args.secret_name,
@@ -231,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainhook-webhook: {e}", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
+    if getattr(args, "gang_key_generated", False):
+        log.warning("no gang key configured (TRAINHOOK_WEBHOOK_GANG_KEY or --gang-key-file): using a random one; "
+                    "gang tokens will differ between webhook replicas and restarts")
     missing = args.certs.missing()
     if missing:
         print(f"trainhook-webhook: --cert-mode {args.certs.mode} needs {', '.join(missing)} "

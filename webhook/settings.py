@@ -22,6 +22,10 @@ class Settings:
     # Resources of the gang-wait init container (small: it only resolves names and opens sockets).
     init_resources: dict = field(default_factory=lambda: {
         "requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}})
+    # The key each gang's token is derived from (HMAC of namespace/job-name): only the webhook holds it, so
+    # no one outside a gang can forge its launchers' completion or failure messages. Every replica must share
+    # it (the chart keeps it in a Secret); empty means no token is injected.
+    gang_key: bytes = b""
 
 
 def parse_tolerations(text: str) -> tuple[dict, ...]:
@@ -49,6 +53,8 @@ def settings_from_env(environ: dict[str, str] | None = None) -> dict:
         found["cluster_domain"] = env["TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN"]
     if "TRAINHOOK_WEBHOOK_WAIT_TIMEOUT" in env:
         found["wait_timeout"] = int(env["TRAINHOOK_WEBHOOK_WAIT_TIMEOUT"])
+    if env.get("TRAINHOOK_WEBHOOK_GANG_KEY"):
+        found["gang_key"] = env["TRAINHOOK_WEBHOOK_GANG_KEY"].encode()
     return found
 
 
