@@ -52,6 +52,7 @@ def main() -> None:
     dist.all_gather(gathered, flat)
     same = all(torch.equal(flat, other) for other in gathered)
     print(f"final parameters digest {digest} identical-across-ranks={same}", flush=True)
+    dist.barrier()  # nobody tears gloo down while a peer still has a collective in flight
     dist.destroy_process_group()
     if not same:
         raise SystemExit("parameters differ across ranks")

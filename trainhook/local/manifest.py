@@ -1,0 +1,138 @@
+"""Read a multi-document manifest the way `kubectl apply -f` reads it, keeping what a local run can emulate.
+
+Supported: Services, StatefulSets (apps/v1), Jobs (batch/v1), bare Pods, ConfigMaps and Secrets. Every other
+kind is listed in `Manifest.ignored` (the CLI prints it as one warning) and left out. Namespaces are filled in
+as the apiserver fills them: the object's own, else the one given with `-n`, else `default`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+DEFAULT_NAMESPACE = "default"
+
+# (apiVersion, kind) of every object a local run understands.
+SERVICE = ("v1", "Service")
+POD = ("v1", "Pod")
+CONFIGMAP = ("v1", "ConfigMap")
+SECRET = ("v1", "Secret")
+STATEFULSET = ("apps/v1", "StatefulSet")
+JOB = ("batch/v1", "Job")
+WORKLOADS = (STATEFULSET, JOB, POD)
+SUPPORTED = (SERVICE, CONFIGMAP, SECRET) + WORKLOADS
+
+
+class ManifestError(Exception):
+    """The manifest cannot be read; the message names the file and, for YAML errors, the line and column."""
+
+
+@dataclass
+class Manifest:
+    """The supported objects of a manifest, in file order, each with its namespace filled in."""
+
+    path: str
+    services: list[dict] = field(default_factory=list)
+    # StatefulSets, Jobs and bare Pods, in file order: the objects admitted before the controllers run.
+    workloads: list[dict] = field(default_factory=list)
+    configmaps: dict[tuple[str, str], dict] = field(default_factory=dict)  # (namespace, name) -> object
+    secrets: dict[tuple[str, str], dict] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)  # "Kind/name (apiVersion)" of what was left out
+
+
+def type_of(obj: dict) -> tuple[str, str]:
+    return (str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
+
+
+def describe(obj: dict) -> str:
+    """`kind/name`, as kubectl names an object in its messages."""
+    meta = obj.get("metadata") or {}
+    return f"{str(obj.get('kind', '?')).lower()}/{meta.get('name') or meta.get('generateName') or '?'}"
+
+
+def _documents(text: str, path: str) -> list[object]:
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        problem = " ".join(part for part in (e.context, e.problem) if part)
+        raise ManifestError(f"{where}: invalid YAML: {problem}") from e
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{path}: invalid YAML: {e}") from e
+
+
+def _flatten(docs: list[object], path: str) -> list[dict]:
+    """Drop empty documents and expand `kind: List` (as kubectl does); every object must be a mapping."""
+    objects: list[dict] = []
+    for number, doc in enumerate(docs, start=1):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{path}: document {number} is a {type(doc).__name__}, not a Kubernetes object")
+        if doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+            objects.extend(_flatten(doc["items"], path))
+            continue
+        if not doc.get("apiVersion") or not doc.get("kind"):
+            raise ManifestError(f"{path}: document {number}: apiVersion and kind are required")
+        objects.append(doc)
+    return objects
+
+
+def _fill_namespace(obj: dict, namespace: str | None, path: str) -> dict:
+    obj = copy.deepcopy(obj)
+    meta = obj.setdefault("metadata", {})
+    if not isinstance(meta, dict):
+        raise ManifestError(f"{path}: {describe(obj)}: metadata must be a mapping")
+    if not meta.get("name") and not (type_of(obj) == POD and meta.get("generateName")):
+        raise ManifestError(f"{path}: a {obj['kind']} needs metadata.name")
+    own = meta.get("namespace")
+    if own and namespace and own != namespace:
+        # kubectl's own refusal when -n and the object disagree.
+        raise ManifestError(f"{path}: the namespace from the provided object {own!r} does not match the "
+                            f"namespace {namespace!r}; you must pass '--namespace={own}' to apply this object")
+    meta["namespace"] = own or namespace or DEFAULT_NAMESPACE
+    return obj
+
+
+def parse_manifest(text: str, path: str = "<manifest>", namespace: str | None = None) -> Manifest:
+    """Parse manifest text; raises ManifestError with the place of the first problem."""
+    manifest = Manifest(path=path)
+    seen: set[tuple[str, str, str]] = set()
+    for raw in _flatten(_documents(text, path), path):
+        kind = type_of(raw)
+        if kind not in SUPPORTED:
+            name = (raw.get("metadata") or {}).get("name", "?")
+            manifest.ignored.append(f"{kind[1]}/{name} ({kind[0]})")
+            continue
+        obj = _fill_namespace(raw, namespace, path)
+        meta = obj["metadata"]
+        if meta.get("name"):
+            key = (kind[1], meta["namespace"], meta["name"])
+            if key in seen:
+                raise ManifestError(f"{path}: {describe(obj)} appears twice in namespace {meta['namespace']!r}")
+            seen.add(key)
+        if kind == SERVICE:
+            manifest.services.append(obj)
+        elif kind == CONFIGMAP:
+            manifest.configmaps[(meta["namespace"], meta["name"])] = obj
+        elif kind == SECRET:
+            manifest.secrets[(meta["namespace"], meta["name"])] = obj
+        else:
+            manifest.workloads.append(obj)
+    return manifest
+
+
+def load_manifest(path: str | Path, namespace: str | None = None) -> Manifest:
+    """Read and parse a manifest file (`-` reads standard input)."""
+    if str(path) == "-":
+        import sys
+        return parse_manifest(sys.stdin.read(), "<stdin>", namespace)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ManifestError(f"cannot read {path}: {e.strerror or e}") from e
+    return parse_manifest(text, str(path), namespace)

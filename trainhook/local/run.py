@@ -1,0 +1,139 @@
+"""One local run, in a cluster's order: admit, let the controllers make pods, admit those, then run them.
+
+`admit_manifest` is the apiserver + controller-manager half (needs only the webhook); `run_pods` is the kubelet
+half (needs root: network namespaces). The CLI glues them together and prints the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import yaml
+
+from trainhook.local.admission import AdmissionClient
+from trainhook.local.controllers import ADMIN_USER, job_warnings, pod_requests, store
+from trainhook.local.envvars import EnvError, Sources
+from trainhook.local.manifest import JOB, Manifest, type_of
+from trainhook.local.network import HostEntry, Network, hosts_file
+from trainhook.local.pods import LocalPod, build_pod
+from trainhook.local.supervisor import Output, RunResult, Supervisor
+
+Warn = Callable[[str], None]
+
+
+@dataclass
+class ClusterState:
+    """What the apiserver holds after `kubectl apply` and the controllers' pod creations."""
+
+    services: list[dict] = field(default_factory=list)
+    workloads: list[dict] = field(default_factory=list)
+    pods: list[dict] = field(default_factory=list)  # stored pods, in creation order
+
+
+def _admit(client: AdmissionClient, obj: dict, user: dict, warn: Warn, rng: random.Random) -> dict:
+    result = client.admit(obj, user)
+    for message in result.warnings:
+        warn(message)
+    return store(result.obj, rng)
+
+
+def admit_manifest(manifest: Manifest, client: AdmissionClient, warn: Warn,
+                   rng: random.Random | None = None) -> ClusterState:
+    """Admit every Service and workload, then every pod their controllers create (raises AdmissionError)."""
+    rng = rng or random.Random()
+    state = ClusterState()
+    for service in manifest.services:
+        state.services.append(_admit(client, service, ADMIN_USER, warn, rng))
+    for workload in manifest.workloads:
+        state.workloads.append(_admit(client, workload, ADMIN_USER, warn, rng))
+    for workload in state.workloads:
+        if type_of(workload) == JOB:
+            for message in job_warnings(workload):
+                warn(message)
+        requests = pod_requests(workload)
+        if not requests:  # a bare Pod: admitted above as the user created it
+            state.pods.append(workload)
+        for request in requests:
+            state.pods.append(_admit(client, request.pod, request.user, warn, rng))
+    return state
+
+
+def address_warnings(state: ClusterState) -> list[str]:
+    """Pods whose `<hostname>.<subdomain>` a cluster would not resolve: no headless Service of that name."""
+    services = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in state.services}
+    problems = []
+    for subdomain, namespace in sorted({(p["spec"].get("subdomain"), p["metadata"]["namespace"])
+                                        for p in state.pods if (p.get("spec") or {}).get("subdomain")}):
+        service = services.get((namespace, subdomain))
+        if service is None:
+            problems.append(f"no Service {subdomain!r} in namespace {namespace!r}: in a cluster the pods' "
+                            f"addresses <hostname>.{subdomain} would not resolve (resolved here anyway)")
+        elif (service.get("spec") or {}).get("clusterIP") != "None":
+            problems.append(f"Service {subdomain!r} is not headless (clusterIP: None): in a cluster the pods' "
+                            f"addresses <hostname>.{subdomain} would not resolve (resolved here anyway)")
+    return problems
+
+
+def pods_yaml(pods: list[dict]) -> str:
+    return yaml.safe_dump_all(pods, sort_keys=False, default_flow_style=False)
+
+
+def _selects(service: dict, pod: dict) -> bool:
+    selector = (service.get("spec") or {}).get("selector") or {}
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return bool(selector) and service["metadata"]["namespace"] == pod["metadata"]["namespace"] and \
+        all(labels.get(k) == v for k, v in selector.items())
+
+
+def service_names(state: ClusterState, ips: dict[str, str], cluster_domain: str) -> dict[str, list[str]]:
+    """Headless Services resolve to the IPs of the pods they select (every spelling, as with the pods)."""
+    names: dict[str, list[str]] = {}
+    for service in state.services:
+        if (service.get("spec") or {}).get("clusterIP") != "None":
+            continue
+        selected = [ips[p["metadata"]["name"]] for p in state.pods if _selects(service, p)]
+        if not selected:
+            continue
+        name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+        for spelling in (f"{name}.{namespace}.svc.{cluster_domain}", f"{name}.{namespace}.svc",
+                         f"{name}.{namespace}", name):
+            names[spelling] = selected
+    return names
+
+
+def prepare_pods(state: ClusterState, manifest: Manifest, network: Network, run_dir: Path,
+                 cluster_domain: str) -> list[LocalPod]:
+    """Give every pod its namespace and address, write its hosts file and volumes, resolve its containers."""
+    nets = {p["metadata"]["name"]: network.add_pod() for p in state.pods}
+    entries = [HostEntry(nets[p["metadata"]["name"]].ip, p["spec"].get("hostname") or p["metadata"]["name"],
+                         p["spec"].get("subdomain", ""), p["metadata"]["namespace"]) for p in state.pods]
+    services = service_names(state, {name: net.ip for name, net in nets.items()}, cluster_domain)
+    sources = Sources(manifest.configmaps, manifest.secrets)
+    local = []
+    for pod, entry in zip(state.pods, entries):
+        name = pod["metadata"]["name"]
+        pod_dir = run_dir / "pods" / name
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        hosts_path = pod_dir / "hosts"
+        hosts_path.write_text(hosts_file(entry, entries, cluster_domain, services))
+        try:
+            built = build_pod(pod, nets[name].ip, nets[name].netns_path, hosts_path, pod_dir, run_dir / "claims",
+                              sources)
+        except EnvError as e:  # the kubelet's CreateContainerConfigError, named by pod
+            raise EnvError(f"pod {name}: {e}") from e
+        built.save(pod_dir)
+        local.append(built)
+    return local
+
+
+def run_pods(pods: list[LocalPod], run_dir: Path, timeout: float | None, grace_seconds: float | None,
+             stream: BinaryIO | None = None) -> RunResult:
+    """Run the pods to the end (see supervisor); output lines go to `stream` (default stdout)."""
+    output = Output(stream or sys.stdout.buffer, run_dir / "logs")
+    return asyncio.run(Supervisor(pods, output, timeout, grace_seconds).run())
