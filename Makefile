@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint clean bench helm-lint helm-template images e2e-kind
+.PHONY: demo test install lint clean bench helm-lint helm-template images e2e-kind k8s-build cluster-up cluster-down
 
 demo: install  ## create the virtualenv, install, and train examples/pytorch/ddp.yaml on 4 local pods
 	$(BIN)/trainhook local examples/pytorch/ddp.yaml
@@ -46,3 +46,12 @@ images:  ## build the webhook and launcher images (needs Docker; no container en
 
 e2e-kind: images  ## kind cluster, images loaded, helm install, the PyTorch example to completion (needs Docker, kind, kubectl; not run in CI)
 	IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/e2e-kind.sh
+
+k8s-build:  ## build kube-apiserver/-controller-manager/-scheduler v1.20.2 into ~/.cache/trainhook (once; see docs/control-plane.md)
+	bash hack/k8s-build.sh
+
+cluster-up: install k8s-build  ## start a local v1.20 control plane; prints `export KUBECONFIG=...`
+	$(BIN)/python hack/cluster.py up
+
+cluster-down:  ## stop what cluster-up started
+	$(PYTHON) hack/cluster.py down

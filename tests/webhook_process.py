@@ -44,9 +44,12 @@ class WebhookProcess:
 
 
 def start_webhook(workdir: Path, host: str = "127.0.0.1", extra_args: list[str] | None = None,
-                  sans: list[str] | None = None, env: dict | None = None) -> WebhookProcess:
-    certs = write_bundle(workdir / "certs", sans or [host, "localhost"])
-    port = free_port()
+                  sans: list[str] | None = None, env: dict | None = None, port: int | None = None) -> WebhookProcess:
+    """Start `trainhook-webhook`; a second start in the same `workdir` reuses its certificates (a restart)."""
+    certs = workdir / "certs"
+    if not (certs / "tls.crt").exists():
+        write_bundle(certs, sans or [host, "localhost"])
+    port = port or free_port()
     log_file = workdir / "webhook.log"
     command = [os.path.join(os.path.dirname(sys.executable), "trainhook-webhook"),
                "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),

@@ -1,0 +1,170 @@
+"""The real Kubernetes v1.20 control plane (hack/cluster.py) as pytest fixtures.
+
+Use from tests/conftest.py with one line:
+
+    from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
+
+`control_plane` (session): etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, free ports, in a
+pytest temp dir; started once per session (the binaries are built by hack/k8s-build.sh first if missing,
+which takes minutes on a fresh machine) and stopped at the end, also when tests fail. It yields a
+`ControlPlane`: `.host`, `.kubeconfig`, `.ca_file`, `.ca_pem`, `.api_client()`, `.token_client(token)`,
+`.env()`, `.log(component)`. No kubelet: pods stay Pending. Set TRAINHOOK_CLUSTER_SCHEDULER=1 to run
+kube-scheduler too (pods then get PodScheduled=False/Unschedulable instead of no condition).
+
+`k8s_namespace` (function): a fresh namespace whose `default` ServiceAccount has its token (so pods can be
+created at once), deleted afterwards.
+
+`register_webhook(api_client, ca_pem, url)` registers the trainhook MutatingWebhookConfiguration.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WEBHOOK_CONFIGURATION_NAME = "trainhook"
+
+
+def _load_cluster_module():
+    name = "trainhook_hack_cluster"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "hack" / "cluster.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+cluster = _load_cluster_module()
+
+# One control plane per process even when the fixture function is imported into several modules (each
+# import is its own fixture definition to pytest): the first user starts it, the last one stops it.
+_shared: dict = {"cp": None, "users": 0}
+_lock = threading.Lock()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory):
+    with _lock:
+        if _shared["cp"] is None:
+            _shared["cp"] = cluster.start(tmp_path_factory.mktemp("control-plane"),
+                                          scheduler=bool(os.environ.get("TRAINHOOK_CLUSTER_SCHEDULER")))
+        _shared["users"] += 1
+        cp = _shared["cp"]
+    try:
+        yield cp
+    finally:
+        with _lock:
+            _shared["users"] -= 1
+            if _shared["users"] == 0:
+                _shared["cp"] = None
+                cp.stop()
+
+
+@pytest.fixture
+def k8s_namespace(control_plane):
+    from kubernetes import client
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    with control_plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": name}})
+        wait_for_service_account_token(api, name, "default")
+        try:
+            yield name
+        finally:
+            core.delete_namespace(name)
+
+
+def wait_for_service_account_token(api_client, namespace: str, name: str, timeout: float = 30) -> str:
+    """The token the controller-manager minted for a ServiceAccount (1.20 still keeps it in a Secret)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+    core = client.CoreV1Api(api_client)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sa = core.read_namespaced_service_account(name, namespace)
+            for ref in sa.secrets or []:
+                secret = core.read_namespaced_secret(ref.name, namespace)
+                if secret.type == "kubernetes.io/service-account-token" and (secret.data or {}).get("token"):
+                    return base64.b64decode(secret.data["token"]).decode()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no token for ServiceAccount {namespace}/{name} after {timeout}s")
+        time.sleep(0.2)
+
+
+def webhook_configuration(ca_pem: bytes, url: str, timeout_seconds: int = 10) -> dict:
+    """The trainhook MutatingWebhookConfiguration (admissionregistration.k8s.io/v1) for a webhook at `url`
+    (`https://HOST:PORT/mutate`), trusting `ca_pem`."""
+    ops = ["CREATE", "UPDATE"]
+    common = {
+        "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()},
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": timeout_seconds,
+    }
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIGURATION_NAME},
+        "webhooks": [
+            {
+                "name": "pods.trainhook.dev",
+                "objectSelector": {"matchExpressions": [{"key": "trainhook.dev/framework", "operator": "Exists"}]},
+                "rules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ops},
+                    {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["statefulsets"], "operations": ops},
+                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"], "operations": ops},
+                ],
+                **common,
+            },
+            {
+                "name": "services.trainhook.dev",
+                "objectSelector": {"matchExpressions": [{"key": "trainhook.dev/job-name", "operator": "Exists"}]},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["services"], "operations": ops}],
+                **common,
+            },
+        ],
+    }
+
+
+def register_webhook(api_client, ca_pem: bytes, url: str, timeout_seconds: int = 10):
+    """Create (or replace) the `trainhook` MutatingWebhookConfiguration. The API server picks a new
+    configuration up through an informer, usually within a second: a test that needs it in force should
+    retry its first labeled create until it is mutated, or wait briefly."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+    api = client.AdmissionregistrationV1Api(api_client)
+    body = webhook_configuration(ca_pem, url, timeout_seconds)
+    try:
+        return api.create_mutating_webhook_configuration(body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    current = api.read_mutating_webhook_configuration(WEBHOOK_CONFIGURATION_NAME)
+    body["metadata"]["resourceVersion"] = current.metadata.resource_version
+    return api.replace_mutating_webhook_configuration(WEBHOOK_CONFIGURATION_NAME, body)
+
+
+def unregister_webhook(api_client) -> None:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+    try:
+        client.AdmissionregistrationV1Api(api_client).delete_mutating_webhook_configuration(
+            WEBHOOK_CONFIGURATION_NAME)
+    except ApiException as e:
+        if e.status != 404:
+            raise
