@@ -1,1 +1,22 @@
-"""trainhook: distributed training on plain Kubernetes workloads."""
+"""trainhook: distributed training on plain Kubernetes workloads.
+
+`trainhook.TrainingClient` (the Python SDK, trainhook.sdk) is imported on first use, so importing trainhook (as
+the webhook and the launcher do) loads nothing more than this file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainhook.sdk import JobFailed, TrainingClient
+
+__all__ = ["JobFailed", "TrainingClient"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from trainhook import sdk
+
+        return getattr(sdk, name)
+    raise AttributeError(f"module 'trainhook' has no attribute {name!r}")

@@ -1,10 +1,31 @@
-"""`trainhook`: the user's CLI. Each subcommand lives in its own module; this file only wires them."""
+"""`trainhook`: the user's CLI. Each subcommand lives in its own module; this file only wires them.
+
+A module wired here offers `add_arguments(parser)` and `main(args) -> exit status` (or `add_NAME_arguments` and
+`NAME_main` when it serves several subcommands), and keeps heavy imports (the Kubernetes client) inside its
+functions, so `trainhook render` never loads them. For `render` and `submit`, everything after the first `--`
+is the training command, kept verbatim as `args.command_argv`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
+
+# subcommand -> (module, help); each module has add_arguments(parser) and main(args).
+SUBCOMMANDS = {
+    "render": ("trainhook.render_cli", "print a training gang's manifests from flags"),
+    "explain": ("trainhook.explain", "show, offline, the environment the webhook injects into every pod"),
+    "convert": ("trainhook.convert_cli", "turn a Kubeflow PyTorchJob/TFJob/MPIJob/... into trainhook manifests"),
+    "submit": ("trainhook.cluster_commands", "create a gang on the cluster (a manifest, or render's flags)"),
+    "status": ("trainhook.cluster_commands", "a gang's pods, ranks, phases, restarts and outcome"),
+    "list": ("trainhook.cluster_commands", "the gangs of a namespace"),
+    "logs": ("trainhook.cluster_commands", "every pod's log, each line prefixed with its pod"),
+    "delete": ("trainhook.cluster_commands", "delete a gang's workloads, Service, pods and PodGroup"),
+}
+# Subcommands whose arguments end with the training command after `--`.
+COMMAND_TAKING = ("render", "submit")
 
 
 def certs_generate(args: argparse.Namespace) -> int:
@@ -19,6 +40,21 @@ def local_main(args: argparse.Namespace) -> int:
     from trainhook.local.cli import main
 
     return main(args)
+
+
+def subcommand_main(args: argparse.Namespace) -> int:
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    runner = getattr(module, f"{args.command}_main", None) or module.main
+    return runner(args)
+
+
+def add_subcommand(commands, name: str) -> None:
+    module_name, help_text = SUBCOMMANDS[name]
+    parser = commands.add_parser(name, help=help_text)
+    module = importlib.import_module(module_name)
+    adder = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
+    adder(parser)
+    parser.set_defaults(func=subcommand_main)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,11 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_arguments(local)
     local.set_defaults(func=local_main)
+    for name in SUBCOMMANDS:
+        add_subcommand(commands, name)
     return parser
 
 
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`trainhook render ... -- CMD ARGS`: (the arguments before `--`, the command after it)."""
+    subcommand = next((word for word in argv if not word.startswith("-")), None)
+    if "--" not in argv or subcommand not in COMMAND_TAKING:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    own, command = split_command(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(own)
+    if command is not None:
+        if getattr(args, "command", None) not in COMMAND_TAKING:
+            build_parser().error("only render and submit take a command after --")
+        args.command_argv = command
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -1,0 +1,249 @@
+"""`trainhook convert`, field by field: every Kubeflow field is mapped to its trainhook counterpart or named in a
+warning (the table of docs/convert.md, which this file keeps honest), templates are kept whole, and bad input
+is reported with its place."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_render import by_kind, validate_objects
+from trainhook import keys
+from trainhook.cli import main
+from trainhook.convert import MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, convert_job, convert_text
+from trainhook.explain import explain_text
+from trainhook.render import ACTIVE_DEADLINE_SECONDS, ON_FAILURE, to_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = (ROOT / "docs" / "convert.md").read_text()
+PYTORCHJOB = yaml.safe_load((ROOT / "examples" / "kubeflow" / "pytorchjob.yaml").read_text())
+
+
+def job(kind: str = "PyTorchJob", api_version: str = "kubeflow.org/v1", **spec) -> dict:
+    """A small Kubeflow job of `kind` (master/chief + 2 workers where the kind has them)."""
+    container = {"name": {"PyTorchJob": "pytorch", "TFJob": "tensorflow", "PaddleJob": "paddle",
+                          "MPIJob": "mpi"}[kind], "image": "example.com/train:1", "command": ["python", "t.py"]}
+    template = {"spec": {"containers": [container]}}
+    specs_field, first = {"PyTorchJob": ("pytorchReplicaSpecs", "Master"), "TFJob": ("tfReplicaSpecs", "Chief"),
+                          "PaddleJob": ("paddleReplicaSpecs", "Master"),
+                          "MPIJob": ("mpiReplicaSpecs", "Launcher")}[kind]
+    body = {specs_field: {first: {"replicas": 1, "restartPolicy": "Never", "template": copy.deepcopy(template)},
+                          "Worker": {"replicas": 2, "restartPolicy": "Never", "template": copy.deepcopy(template)}}}
+    body.update(spec)
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": "j"}, "spec": body}
+
+
+def nested(path: str, value: object) -> dict:
+    head, _, rest = path.partition(".")
+    return {head: nested(rest, value) if rest else value}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        base[key] = merge(base.get(key) or {}, value) if isinstance(value, dict) and key in base else value
+    return base
+
+
+def doc_name(path: str) -> str:
+    """How docs/convert.md names a field: replica specs generically (`<kind>ReplicaSpecs.<Type>.restartPolicy`)."""
+    parts = path.split(".")
+    if parts[0].endswith("ReplicaSpecs"):
+        parts[:2] = ["<kind>ReplicaSpecs", "<Type>"]
+    return ".".join(parts)
+
+
+def annotations(converted) -> dict:
+    return by_kind(converted.objects)["StatefulSet"][0]["metadata"].get("annotations") or {}
+
+
+# (kind, spec field path, value, gang scheduler, expectation): ("annotation", key, value), ("warned", fragment),
+# ("podgroup", field, value) or ("template", field, value). docs/convert.md lists every path.
+FIELDS = [
+    ("PyTorchJob", "runPolicy.activeDeadlineSeconds", 600, None, ("annotation", ACTIVE_DEADLINE_SECONDS, "600")),
+    ("PyTorchJob", "runPolicy.backoffLimit", 3, None, ("annotation", ON_FAILURE, "restart-gang")),
+    ("PyTorchJob", "runPolicy.backoffLimit", 3, None, ("annotation", keys.MAX_RESTARTS, "3")),
+    ("PyTorchJob", "runPolicy.backoffLimit", 0, None, ("annotation", ON_FAILURE, "fail-gang")),
+    ("PyTorchJob", "runPolicy.cleanPodPolicy", "All", None, ("warned", "spec.runPolicy.cleanPodPolicy=All")),
+    ("PyTorchJob", "runPolicy.ttlSecondsAfterFinished", 60, None,
+     ("warned", "spec.runPolicy.ttlSecondsAfterFinished=60")),
+    ("PyTorchJob", "runPolicy.suspend", True, None, ("warned", "spec.runPolicy.suspend=true")),
+    ("PyTorchJob", "runPolicy.managedBy", "kueue.x-k8s.io/multikueue", None, ("warned", "spec.runPolicy.managedBy=")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.minAvailable", 2, "volcano", ("podgroup", "minMember", 2)),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.minAvailable", 2, "kueue", ("annotation", keys.MIN_AVAILABLE, "2")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.minAvailable", 2, None, ("warned", "no gang scheduler named")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.queue", "research", "volcano", ("podgroup", "queue", "research")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.queue", "user-queue", "kueue", ("annotation", keys.QUEUE, "user-queue")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.queue", "q", "coscheduling", ("warned", "has no queues")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.priorityClass", "high", None, ("template", "priorityClassName", "high")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.priorityClass", "high", "volcano",
+     ("podgroup", "priorityClassName", "high")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.scheduleTimeoutSeconds", 90, "coscheduling",
+     ("podgroup", "scheduleTimeoutSeconds", 90)),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.scheduleTimeoutSeconds", 90, "volcano",
+     ("warned", "only the coscheduling")),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.minResources", {"cpu": "8"}, "volcano",
+     ("podgroup", "minResources", {"cpu": "8"})),
+    ("PyTorchJob", "runPolicy.schedulingPolicy.minResources", {"cpu": "8"}, "kueue", ("warned", "has no PodGroup")),
+    ("PyTorchJob", "elasticPolicy.minReplicas", 1, None, ("annotation", keys.ELASTIC, "1:2")),
+    ("PyTorchJob", "elasticPolicy.maxReplicas", 4, None, ("annotation", keys.ELASTIC, "2:4")),
+    ("PyTorchJob", "elasticPolicy.maxRestarts", 7, None, ("annotation", keys.MAX_RESTARTS, "7")),
+    ("PyTorchJob", "elasticPolicy.rdzvBackend", "etcd", None, ("warned", "spec.elasticPolicy.rdzvBackend=etcd")),
+    ("PyTorchJob", "elasticPolicy.rdzvPort", 29400, None, ("annotation", keys.PORT, "29400")),
+    ("PyTorchJob", "elasticPolicy.rdzvHost", "h", None, ("warned", "spec.elasticPolicy.rdzvHost=h")),
+    ("PyTorchJob", "elasticPolicy.rdzvId", "i", None, ("warned", "spec.elasticPolicy.rdzvId=i")),
+    ("PyTorchJob", "elasticPolicy.rdzvConf", [{"key": "k", "value": "v"}], None,
+     ("warned", "spec.elasticPolicy.rdzvConf")),
+    ("PyTorchJob", "elasticPolicy.standalone", True, None, ("warned", "spec.elasticPolicy.standalone=true")),
+    ("PyTorchJob", "elasticPolicy.nProcPerNode", 2, None, ("annotation", keys.NPROC_PER_NODE, "2")),
+    ("PyTorchJob", "elasticPolicy.metrics", [{"type": "Resource"}], None, ("warned", "spec.elasticPolicy.metrics")),
+    ("PyTorchJob", "nprocPerNode", "gpu", None, ("annotation", keys.NPROC_PER_NODE, "gpu")),
+    ("PyTorchJob", "pytorchReplicaSpecs.Worker.restartPolicy", "OnFailure", None,
+     ("annotation", ON_FAILURE, "restart-gang")),
+    ("PyTorchJob", "pytorchReplicaSpecs.Worker.restartPolicy", "Never", None, ("annotation", ON_FAILURE, "fail-gang")),
+    ("PyTorchJob", "someFutureField", 1, None, ("warned", "spec.someFutureField=1: no trainhook counterpart")),
+    ("TFJob", "successPolicy", "AllWorkers", None, ("warned", "spec.successPolicy=AllWorkers")),
+    ("TFJob", "enableDynamicWorker", True, None, ("warned", "spec.enableDynamicWorker=true")),
+    ("PaddleJob", "elasticPolicy.minReplicas", 1, None, ("warned", "spec.elasticPolicy=")),
+    ("MPIJob", "slotsPerWorker", 4, None, ("annotation", SLOTS_PER_WORKER, "4")),
+    ("MPIJob", "mainContainer", "mpi", None, ("annotation", keys.CONTAINER, "mpi")),
+    ("MPIJob", "cleanPodPolicy", "Running", None, ("warned", "spec.cleanPodPolicy=Running")),
+    ("MPIJob/v2beta1", "mpiImplementation", "Intel", None, ("annotation", MPI_IMPLEMENTATION, "Intel")),
+    ("MPIJob/v2beta1", "launcherCreationPolicy", "WaitForWorkersReady", None, ("annotation", keys.GANG_WAIT, "tcp")),
+    ("MPIJob/v2beta1", "sshAuthMountPath", "/home/u/.ssh", None, ("warned", "spec.sshAuthMountPath=/home/u/.ssh")),
+    ("MPIJob/v2beta1", "runLauncherAsWorker", True, None, ("warned", "spec.runLauncherAsWorker=true")),
+]
+
+
+@pytest.mark.parametrize("kind, path, value, scheduler, expected", FIELDS,
+                         ids=[f"{k}:{p}={v}:{s}" for k, p, v, s, _ in FIELDS])
+def test_every_kubeflow_field_is_mapped_or_warned(kind, path, value, scheduler, expected):
+    name, _, version = kind.partition("/")
+    source = job(name, f"kubeflow.org/{version or 'v1'}")
+    if scheduler == "kueue":  # Kueue admits through a queue: every Kueue job names one
+        source["metadata"]["labels"] = {keys.KUEUE_QUEUE_NAME: "user-queue"}
+    merge(source["spec"], nested(path, value))
+    converted = convert_job(source, gang_scheduler=scheduler)
+    validate_objects(converted.objects)
+    what = expected[0]
+    if what == "annotation":
+        assert annotations(converted).get(expected[1]) == expected[2], converted.warnings
+    elif what == "warned":
+        assert any(expected[1] in warning for warning in converted.warnings), converted.warnings
+    elif what == "podgroup":
+        assert converted.objects[-1]["kind"] == "PodGroup"
+        assert converted.objects[-1]["spec"][expected[1]] == expected[2]
+    else:
+        for workload in by_kind(converted.objects)["StatefulSet"]:
+            assert workload["spec"]["template"]["spec"][expected[1]] == expected[2]
+    assert f"`spec.{doc_name(path)}`" in DOC, f"docs/convert.md does not list spec.{doc_name(path)}"
+
+
+def test_templates_are_kept_whole():
+    converted = convert_job(PYTORCHJOB)
+    validate_objects(converted.objects)
+    master, worker = by_kind(converted.objects)["StatefulSet"]
+    for workload, replica in ((master, "Master"), (worker, "Worker")):
+        original = copy.deepcopy(PYTORCHJOB["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"])
+        kept = copy.deepcopy(workload["spec"]["template"]["spec"])
+        assert kept.pop("restartPolicy") == "Always"  # a StatefulSet's only policy; OnFailure became on-failure
+        assert kept == original  # containers (env, resources, mounts, ports), tolerations, volumes
+        assert workload["metadata"]["namespace"] == "team-a"
+    assert annotations(converted) == {keys.CONTAINER: "pytorch", keys.PORT: "23456", ACTIVE_DEADLINE_SECONDS: "7200",
+                                      ON_FAILURE: "restart-gang", keys.MAX_RESTARTS: "2",
+                                      keys.REPLICAS: "master=1,worker=3"}
+
+
+def test_indexed_jobs_keep_the_deadline_and_the_retries_in_the_job_itself():
+    converted = convert_job(PYTORCHJOB, workload_kind="job")
+    validate_objects(converted.objects)
+    for workload in by_kind(converted.objects)["Job"]:
+        spec = workload["spec"]
+        assert (spec["activeDeadlineSeconds"], spec["backoffLimit"], spec["completionMode"]) == (7200, 2, "Indexed")
+        assert spec["template"]["spec"]["restartPolicy"] == "OnFailure"
+
+
+def test_the_job_says_which_gang_scheduler_it_was_written_for():
+    kueue = job()
+    kueue["metadata"]["labels"] = {keys.KUEUE_QUEUE_NAME: "user-queue", "team": "a"}
+    converted = convert_job(kueue)
+    sts = by_kind(converted.objects)["StatefulSet"][0]
+    assert sts["metadata"]["labels"]["team"] == "a" and keys.KUEUE_QUEUE_NAME not in sts["metadata"]["labels"]
+    assert annotations(converted)[keys.GANG_SCHEDULER] == "kueue" and annotations(converted)[keys.QUEUE] == "user-queue"
+    volcano = job(runPolicy={"schedulingPolicy": {"queue": "research"}})
+    for spec in volcano["spec"]["pytorchReplicaSpecs"].values():
+        spec["template"]["spec"]["schedulerName"] = "volcano"
+    converted = convert_job(volcano)
+    validate_objects(converted.objects)
+    assert converted.objects[-1]["spec"] == {"minMember": 3, "queue": "research"}
+
+
+def test_a_missing_training_container_is_warned_and_the_first_used():
+    source = job()
+    source["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "trainer"
+    converted = convert_job(source)
+    assert any("Worker: no container named pytorch (containers: trainer)" in w for w in converted.warnings)
+    master, worker = by_kind(converted.objects)["StatefulSet"]
+    assert master["spec"]["template"]["metadata"]["annotations"] == {keys.CONTAINER: "pytorch"}
+    assert keys.CONTAINER not in (worker["spec"]["template"]["metadata"].get("annotations") or {})
+    explained = explain_text(to_yaml(converted.objects))  # the webhook accepts both roles
+    assert [item.container for item in explained.pods] == ["pytorch", "trainer", "trainer"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata:\n  name: x\n spec: {}\n",
+     "job.yaml:5:2: invalid YAML"),
+    ("apiVersion: kubeflow.org/v1\nkind: MXJob\nmetadata: {name: x}\n",
+     "MXJob/x: kubeflow.org/v1 MXJob is not a Kubeflow job convert knows; it converts PyTorchJob (kubeflow.org/v1)"),
+    ("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: x}\nspec: {}\n",
+     "PyTorchJob/x: spec.pytorchReplicaSpecs is required"),
+    ("apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {name: x}\nspec: {tfReplicaSpecs: {Boss: {}}}\n",
+     "spec.tfReplicaSpecs.Boss: not a TFJob replica type"),
+    ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "job.yaml: no Kubeflow job"),
+    ("- 1\n- 2\n", "job.yaml: document 1 is a list"),
+])
+def test_bad_input_is_reported_with_its_place(text, message):
+    with pytest.raises(ConvertError) as raised:
+        convert_text(text, "job.yaml")
+    assert message in str(raised.value)
+
+
+def test_other_objects_pass_through_and_several_jobs_convert(tmp_path):
+    text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: script}\ndata: {a: b}\n---\n" + \
+        yaml.safe_dump(job()) + "---\n" + yaml.safe_dump(job("TFJob"))
+    converted = convert_text(text)
+    assert [o["kind"] for o in converted.objects] == ["ConfigMap", "Service", "StatefulSet", "StatefulSet",
+                                                      "Service", "StatefulSet", "StatefulSet"]
+
+
+def test_the_cli_prints_manifests_and_warns_on_stderr(tmp_path, capsys):
+    source = tmp_path / "job.yaml"
+    source.write_text(yaml.safe_dump(job(runPolicy={"cleanPodPolicy": "All"})))
+    assert main(["convert", str(source), "--kind", "job", "-n", "team-a"]) == 0
+    out, err = capsys.readouterr()
+    objects = list(yaml.safe_load_all(out))
+    validate_objects(objects)
+    assert [o["metadata"]["namespace"] for o in objects] == ["team-a"] * 3
+    assert err == ("Warning: PyTorchJob/j: spec.runPolicy.cleanPodPolicy=All: no trainhook counterpart: pods stay "
+                   "until the gang is deleted (trainhook delete); left out\n")
+    assert main(["convert", str(source), "-o", str(tmp_path / "out.yaml")]) == 0
+    assert capsys.readouterr().out == ""
+    assert len(list(yaml.safe_load_all((tmp_path / "out.yaml").read_text()))) == 3
+    source.write_text("kind: [")
+    assert main(["convert", str(source)]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {source}:1:8: invalid YAML")
+
+
+def test_the_console_script_converts_from_standard_input():
+    result = subprocess.run([sys.executable, "-m", "trainhook.cli", "convert", "-", "--gang-scheduler", "volcano"],
+                            input=(ROOT / "examples" / "kubeflow" / "tfjob.yaml").read_text(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    objects = list(yaml.safe_load_all(result.stdout))
+    validate_objects(objects)
+    assert objects[-1]["spec"] == {"minMember": 4}
+    assert "spec.successPolicy=AllWorkers" in result.stderr

@@ -1,0 +1,297 @@
+"""The cluster side of `trainhook submit/status/logs/delete` and of the SDK: a thin I/O edge.
+
+Everything here is a Kubernetes API call and nothing else; what the answers mean (ranks, outcome, tables) is
+decided by the pure functions of trainhook.gang_status, on plain dicts. A gang is every object labeled
+`trainhook.dev/job-name=<name>`. Configuration: an explicit kubeconfig, else $KUBECONFIG or ~/.kube/config,
+else the pod's in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainhook import keys
+
+IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# (apiVersion, kind) -> plural, for every kind a gang is made of. Core kinds go through CoreV1Api.
+PLURALS = {
+    ("v1", "Service"): "services", ("v1", "Pod"): "pods", ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets", ("apps/v1", "StatefulSet"): "statefulsets", ("batch/v1", "Job"): "jobs",
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
+}
+# What `delete` removes, in this order (workloads first, so their controllers stop recreating pods).
+GANG_KINDS = [("apps/v1", "StatefulSet"), ("batch/v1", "Job"), ("v1", "Pod"), ("v1", "Service"),
+              ("scheduling.volcano.sh/v1beta1", "PodGroup"), ("scheduling.x-k8s.io/v1alpha1", "PodGroup")]
+
+
+class ClusterError(Exception):
+    """An API call failed; the message is the API server's, as kubectl prints it."""
+
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status
+
+
+def api_error(e: Exception, what: str = "") -> ClusterError:
+    """`Error from server (Reason): kind/name: message`, as kubectl says it, from an ApiException's Status."""
+    status = getattr(e, "status", 0) or 0
+    try:
+        body = json.loads(getattr(e, "body", None) or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") or getattr(e, "reason", None) or str(e)
+    reason = body.get("reason") or getattr(e, "reason", "") or "Error"
+    prefix = f"{what}: " if what else ""
+    return ClusterError(f"Error from server ({reason}): {prefix}{message}", status)
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None):
+    """A kubernetes ApiClient from a kubeconfig (the flag, $KUBECONFIG, ~/.kube/config) or in-cluster."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")  # read now: the client reads it once, at import
+    default = Path(os.path.expanduser("~/.kube/config"))
+    if kubeconfig or default.exists():
+        try:
+            return config.new_client_from_config(config_file=kubeconfig, context=context, persist_config=False)
+        except (ConfigException, OSError) as e:
+            raise ClusterError(f"cannot load kubeconfig {kubeconfig or default}: {e}") from e
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except ConfigException as e:
+        raise ClusterError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a pod: "
+                           f"{e}") from e
+    return client.ApiClient(configuration)
+
+
+def default_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:
+    """The current context's namespace, the pod's own in-cluster, else `default` (as kubectl decides)."""
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig or os.environ.get("KUBECONFIG"))
+    except (ConfigException, OSError, TypeError, ValueError):
+        if IN_CLUSTER_NAMESPACE.exists():
+            return IN_CLUSTER_NAMESPACE.read_text().strip() or "default"
+        return "default"
+    chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
+    return ((chosen or {}).get("context") or {}).get("namespace") or "default"
+
+
+def snake(kind: str) -> str:
+    """ConfigMap -> config_map: how the typed core API names its calls."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
+
+
+def split_api_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
+@dataclass
+class GangObjects:
+    """Everything labeled with one gang's name, as plain dicts."""
+
+    workloads: list[dict] = field(default_factory=list)  # StatefulSets and Jobs
+    pods: list[dict] = field(default_factory=list)
+
+
+class Cluster:
+    """Calls on one cluster; objects go in and come out as plain dicts."""
+
+    def __init__(self, api_client, namespace: str = "default"):
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None,
+                namespace: str | None = None) -> "Cluster":
+        return cls(load_api_client(kubeconfig, context), namespace or default_namespace(kubeconfig, context))
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    @staticmethod
+    def _json(response) -> dict:
+        """The raw answer's JSON: read without the typed models, which do not know every server's answers
+        (a 1.20 API server answers a Service deletion with a Status, not the Service)."""
+        try:
+            return json.loads(response.data or b"{}")
+        finally:
+            response.release_conn()
+
+    def _plural(self, obj: dict) -> str:
+        key = (obj.get("apiVersion", ""), obj.get("kind", ""))
+        return PLURALS.get(key) or f"{key[1].lower()}s"
+
+    # --- create, list, delete -----------------------------------------------------------------------------
+    def create(self, obj: dict) -> dict:
+        """Create one namespaced object (its own namespace, else the client's); returns it as stored."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace = obj.get("metadata", {}).get("namespace") or self.namespace
+        group, version = split_api_version(obj["apiVersion"])
+        plural = self._plural(obj)
+        try:
+            if not group:
+                creator = getattr(self.core, f"create_namespaced_{snake(obj['kind'])}", None)
+                if creator is None:
+                    raise ClusterError(f"{obj['kind'].lower()}/{obj['metadata'].get('name')}: not a namespaced "
+                                       "core kind; create it with kubectl")
+                return self._json(creator(namespace, obj, _preload_content=False))
+            return self._json(self.custom.create_namespaced_custom_object(group, version, namespace, plural, obj,
+                                                                          _preload_content=False))
+        except ApiException as e:
+            raise api_error(e, f"{obj['kind'].lower()}/{obj['metadata'].get('name')}") from e
+
+    def list_objects(self, api_version: str, kind: str, selector: str, namespace: str | None = None) -> list[dict]:
+        """Objects of one kind matching a label selector; a kind the cluster does not serve lists nothing."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace = namespace or self.namespace
+        group, version = split_api_version(api_version)
+        plural = PLURALS[(api_version, kind)]
+        try:
+            if not group:
+                lister = getattr(self.core, f"list_namespaced_{snake(kind)}")
+                answer = self._json(lister(namespace, label_selector=selector, _preload_content=False))
+            else:
+                answer = self._json(self.custom.list_namespaced_custom_object(
+                    group, version, namespace, plural, label_selector=selector, _preload_content=False))
+            items = answer.get("items") or []
+        except ApiException as e:
+            if e.status == 404 and group:  # the CRD is not installed: nothing of that kind
+                return []
+            raise api_error(e) from e
+        for item in items:  # lists leave out each item's apiVersion and kind
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items
+
+    def delete(self, obj: dict) -> None:
+        from kubernetes.client import V1DeleteOptions
+        from kubernetes.client.exceptions import ApiException
+
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or self.namespace
+        group, version = split_api_version(obj["apiVersion"])
+        background = V1DeleteOptions(propagation_policy="Background")  # a Job's pods go with it, as kubectl does
+        try:
+            if not group:
+                deleter = getattr(self.core, f"delete_namespaced_{snake(obj['kind'])}")
+                self._json(deleter(meta["name"], namespace, body=background, _preload_content=False))
+            else:
+                self._json(self.custom.delete_namespaced_custom_object(
+                    group, version, namespace, self._plural(obj), meta["name"], body=background,
+                    _preload_content=False))
+        except ApiException as e:
+            if e.status != 404:
+                raise api_error(e, f"{obj['kind'].lower()}/{meta['name']}") from e
+
+    # --- gangs --------------------------------------------------------------------------------------------
+    def gang(self, name: str) -> GangObjects:
+        selector = f"{keys.JOB_NAME}={name}"
+        workloads = self.list_objects("apps/v1", "StatefulSet", selector) + \
+            self.list_objects("batch/v1", "Job", selector)
+        return GangObjects(workloads, self.list_objects("v1", "Pod", selector))
+
+    def gangs(self) -> dict[str, GangObjects]:
+        """Every gang of the namespace, by name (from the workloads' and pods' job-name labels)."""
+        found: dict[str, GangObjects] = {}
+        for api_version, kind in (("apps/v1", "StatefulSet"), ("batch/v1", "Job"), ("v1", "Pod")):
+            for obj in self.list_objects(api_version, kind, keys.JOB_NAME):
+                name = obj["metadata"]["labels"][keys.JOB_NAME]
+                gang = found.setdefault(name, GangObjects())
+                (gang.pods if kind == "Pod" else gang.workloads).append(obj)
+        return dict(sorted(found.items()))
+
+    def delete_gang(self, name: str) -> list[str]:
+        """Delete every object of the gang; returns `kind/name` of each deleted one, in order."""
+        deleted = []
+        selector = f"{keys.JOB_NAME}={name}"
+        for api_version, kind in GANG_KINDS:
+            for obj in self.list_objects(api_version, kind, selector):
+                if kind == "Pod" and obj["metadata"].get("ownerReferences"):
+                    continue  # its workload's deletion takes it
+                self.delete(obj)
+                deleted.append(f"{kind.lower()}/{obj['metadata']['name']}")
+        return deleted
+
+    def read_pod(self, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._json(self.core.read_namespaced_pod(name, self.namespace, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise api_error(e, f"pod/{name}") from e
+
+    def log_lines(self, pod: str, container: str, follow: bool = False, tail: int | None = None) -> Iterator[str]:
+        """A container's log, line by line (following it while the container runs, with `follow`)."""
+        from kubernetes.client.exceptions import ApiException
+
+        kwargs: dict = {"container": container, "follow": follow, "_preload_content": False}
+        if tail is not None:
+            kwargs["tail_lines"] = tail
+        try:
+            response: Any = self.core.read_namespaced_pod_log(pod, self.namespace, **kwargs)
+        except ApiException as e:
+            raise api_error(e, f"pod/{pod}") from e
+        pending = b""
+        try:
+            for chunk in response.stream(4096, decode_content=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+            if pending:
+                yield pending.decode("utf-8", "replace")
+        finally:
+            response.release_conn()
+
+
+def gang_state_of(cluster: Cluster, name: str):
+    """The gang's state, read from the cluster now."""
+    from trainhook.gang_status import gang_state
+
+    objects = cluster.gang(name)
+    return gang_state(name, cluster.namespace, objects.workloads, objects.pods)
+
+
+def wait_for_gang(cluster: Cluster, name: str, timeout: float | None = None, interval: float = 2.0,
+                  report=None):
+    """Poll the gang until it succeeds or fails; `report(lines)` gets what changed at each look. Raises
+    TimeoutError (with the last state as its second argument) when `timeout` seconds pass first."""
+    import time
+
+    from trainhook.gang_status import changes
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    before = None
+    while True:
+        state = gang_state_of(cluster, name)
+        if report is not None:
+            lines = changes(before, state)
+            if lines:
+                report(lines)
+        if state.finished:
+            return state
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"gang {name} still {state.outcome} after {timeout:g}s", state)
+        before = state
+        time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))

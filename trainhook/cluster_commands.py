@@ -1,0 +1,283 @@
+"""`trainhook submit`, `status`, `list`, `logs` and `delete`: the CLI over trainhook.cluster_client.
+
+A gang is everything labeled `trainhook.dev/job-name=<name>`. `submit` checks the manifest with the webhook's
+own code before creating anything, so a refusal leaves nothing half-created. Exit statuses: 0 done (for
+`submit --wait`: the gang succeeded), 1 a failure or a refusal, 124 `--timeout` reached first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from trainhook import keys
+
+EXIT_TIMEOUT = 124
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current one)")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the context's, else default)")
+
+
+def connect(args: argparse.Namespace):
+    from trainhook.cluster_client import Cluster
+
+    return Cluster.connect(args.kubeconfig, args.context, args.namespace)
+
+
+def _error(message: str) -> int:
+    print(message if message.startswith("Error from server") else f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def _stamp(lines: list[str]) -> None:
+    now = time.strftime("%H:%M:%S")
+    for line in lines:
+        print(f"{now} {line}", flush=True)
+
+
+# --- submit -------------------------------------------------------------------------------------------------
+
+def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
+    from trainhook.render_cli import EPILOG, add_gang_arguments
+
+    parser.description = ("Create a training gang on the cluster, from a manifest (-f) or from render's flags, "
+                          "and with --wait follow it until it succeeds or fails.")
+    parser.epilog = "From flags, as with render:\n" + EPILOG.replace("trainhook render", "trainhook submit")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("name", nargs="?", help="the gang's name (with render's flags; not with -f)")
+    parser.add_argument("-f", "--filename", help="a manifest to create ('-': standard input)")
+    parser.add_argument("--wait", action="store_true", help="show progress until the gang succeeds or fails")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help=f"stop waiting after this long (exit {EXIT_TIMEOUT})")
+    parser.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="seconds between two looks")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current one)")
+    add_gang_arguments(parser, name_required=False)
+
+
+def manifest_objects(text: str, path: str, namespace: str | None) -> list[dict]:
+    """Every object of a manifest (checked by the webhook's own code first); raises ManifestError/Refused."""
+    from trainhook.explain import explain_manifest
+    from trainhook.local.manifest import parse_manifest
+
+    explain_manifest(parse_manifest(text, path, namespace))
+    objects = []
+    for doc in yaml.safe_load_all(text):
+        if isinstance(doc, dict) and doc.get("kind") == "List":
+            objects += [item for item in doc.get("items") or [] if isinstance(item, dict)]
+        elif isinstance(doc, dict):
+            objects.append(doc)
+    return objects
+
+
+def gang_names(objects: list[dict]) -> list[str]:
+    names = []
+    for obj in objects:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if obj.get("kind") in ("StatefulSet", "Job", "Pod") and keys.FRAMEWORK in labels:
+            name = labels.get(keys.JOB_NAME) or obj["metadata"].get("name")
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def submit_objects(args: argparse.Namespace) -> list[dict]:
+    from trainhook.render_cli import rendered
+
+    if args.filename:
+        if args.name or getattr(args, "command_argv", None):
+            raise ValueError("give either -f FILE or a NAME with render's flags (and -- CMD), not both")
+        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text(encoding="utf-8")
+        objects = manifest_objects(text, args.filename if args.filename != "-" else "<stdin>", args.namespace)
+        if not objects:
+            raise ValueError(f"{args.filename}: no objects to create")
+        return objects
+    if not args.name:
+        raise ValueError("give a manifest with -f FILE, or a gang NAME with render's flags (see --help)")
+    return rendered(args)
+
+
+def submit_main(args: argparse.Namespace) -> int:
+    from trainhook.cluster_client import ClusterError, wait_for_gang
+    from trainhook.explain import Refused
+    from trainhook.local.manifest import ManifestError
+
+    try:
+        objects = submit_objects(args)
+        cluster = connect(args)
+    except Refused as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except (ManifestError, ClusterError, ValueError, OSError) as e:
+        return _error(str(e))
+    try:
+        for obj in objects:
+            cluster.create(obj)
+            print(f"{obj['kind'].lower()}/{obj['metadata']['name']} created", flush=True)
+        if not args.wait:
+            return 0
+        names = gang_names(objects)
+        if len(names) != 1:
+            return _error(f"--wait follows one gang; the manifest has {len(names)} ({', '.join(names)})")
+        try:
+            state = wait_for_gang(cluster, names[0], args.timeout, args.interval, _stamp)
+        except TimeoutError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return EXIT_TIMEOUT
+        return 0 if state.outcome == "Succeeded" else 1
+    except ClusterError as e:
+        return _error(str(e))
+    finally:
+        cluster.close()
+
+
+# --- status, list -------------------------------------------------------------------------------------------
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("A gang's pods in rank order (rank from the injected TRAINHOOK_RANK), their phases and "
+                          "restarts, and the gang's outcome.")
+    parser.add_argument("name", help="the gang's name (its trainhook.dev/job-name)")
+    add_connection_arguments(parser)
+
+
+def status_main(args: argparse.Namespace) -> int:
+    from trainhook.cluster_client import ClusterError, gang_state_of
+    from trainhook.gang_status import format_status
+
+    try:
+        cluster = connect(args)
+        try:
+            state = gang_state_of(cluster, args.name)
+        finally:
+            cluster.close()
+    except ClusterError as e:
+        return _error(str(e))
+    print(format_status(state))
+    return 1 if state.outcome == "NotFound" else 0
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "The gangs of a namespace (everything labeled trainhook.dev/job-name)."
+    add_connection_arguments(parser)
+
+
+def list_main(args: argparse.Namespace) -> int:
+    from trainhook.cluster_client import ClusterError
+    from trainhook.gang_status import format_list, gang_state
+
+    try:
+        cluster = connect(args)
+        try:
+            gangs = cluster.gangs()
+        finally:
+            cluster.close()
+    except ClusterError as e:
+        return _error(str(e))
+    print(format_list([gang_state(name, cluster.namespace, g.workloads, g.pods) for name, g in gangs.items()]))
+    return 0
+
+
+# --- logs ---------------------------------------------------------------------------------------------------
+
+def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Every pod's log in rank order, each line prefixed with [pod]."
+    parser.add_argument("name", help="the gang's name")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep streaming every pod's log")
+    parser.add_argument("-c", "--container", help="this container instead of the training container "
+                                                  f"(e.g. {keys.GANG_WAIT_CONTAINER})")
+    parser.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines of each pod")
+    add_connection_arguments(parser)
+
+
+def _stream(cluster, pod: dict, container: str, follow: bool, tail: int | None, lock: threading.Lock) -> None:
+    from trainhook.gang_status import container_started
+
+    name = pod["metadata"]["name"]
+    while follow and not container_started(pod, container):
+        time.sleep(1.0)
+        current = cluster.read_pod(name)
+        if current is None or current["metadata"].get("deletionTimestamp"):
+            return  # deleted before it ever ran: nothing to follow
+        pod = current
+    for line in cluster.log_lines(name, container, follow, tail):
+        with lock:
+            sys.stdout.write(f"[{name}] {line}\n")
+            sys.stdout.flush()
+
+
+def logs_main(args: argparse.Namespace) -> int:
+    from trainhook.cluster_client import ClusterError
+    from trainhook.gang_status import container_started, pod_rank, training_container_name
+
+    try:
+        cluster = connect(args)
+        pods = cluster.gang(args.name).pods
+    except ClusterError as e:
+        return _error(str(e))
+    if not pods:
+        return _error(f"gang {args.name} has no pods in namespace {cluster.namespace}")
+    pods.sort(key=lambda p: (pod_rank(p) is None, pod_rank(p) or 0, p["metadata"]["name"]))
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def one(pod: dict) -> None:
+        container = args.container or training_container_name(pod)
+        if not args.follow and not container_started(pod, container):
+            with lock:
+                print(f"[{pod['metadata']['name']}] (no log yet: {container} has not started)", file=sys.stderr)
+            return
+        try:
+            _stream(cluster, pod, container, args.follow, args.tail, lock)
+        except ClusterError as e:
+            failures.append(str(e))
+
+    try:
+        if args.follow:
+            threads = [threading.Thread(target=one, args=(pod,), daemon=True) for pod in pods]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.5)
+        else:
+            for pod in pods:
+                one(pod)
+    finally:
+        cluster.close()
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+# --- delete -------------------------------------------------------------------------------------------------
+
+def add_delete_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Delete a gang: its StatefulSets or Jobs (and their pods), bare pods, Service and PodGroup."
+    parser.add_argument("name", help="the gang's name")
+    add_connection_arguments(parser)
+
+
+def delete_main(args: argparse.Namespace) -> int:
+    from trainhook.cluster_client import ClusterError
+
+    try:
+        cluster = connect(args)
+        try:
+            deleted = cluster.delete_gang(args.name)
+        finally:
+            cluster.close()
+    except ClusterError as e:
+        return _error(str(e))
+    if not deleted:
+        return _error(f"gang {args.name} not found in namespace {cluster.namespace}")
+    for what in deleted:
+        print(f"{what} deleted")
+    return 0

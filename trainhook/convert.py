@@ -1,0 +1,220 @@
+"""`trainhook convert`: Kubeflow training jobs into trainhook manifests, as pure functions.
+
+PyTorchJob, TFJob, XGBoostJob, JAXJob, PaddleJob and MPIJob (kubeflow.org/v1, and mpi-operator's
+kubeflow.org/v2beta1 MPIJob) become a headless Service and one workload per replica type, named
+`<job>-<role>` so the pods keep Kubeflow's names (`<job>-worker-0`). Pod templates are kept whole (containers,
+tolerations, volumes, resources, env); every Kubeflow field with a trainhook counterpart is mapped to it
+(docs/convert.md has the table), and every other one is named in a warning, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import yaml
+
+from trainhook import keys
+from trainhook.convert_policies import KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, \
+    Fields, KubeflowKind, as_int, infer_scheduler, kubeflow_port, mpi_options, pytorch_options, run_policy, \
+    scheduling_of, set_mpi_commands, training_container
+from trainhook.render import ON_FAILURE, Gang, RenderError, gang_objects
+
+__all__ = ["KINDS", "ConvertError", "Converted", "MPI_IMPLEMENTATION", "SLOTS_PER_WORKER", "convert_job",
+           "convert_text", "load_documents"]
+
+# Written by the API server; a job read back with `kubectl get -o yaml` carries them and they mean nothing here.
+SERVER_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink",
+                   "deletionTimestamp", "deletionGracePeriodSeconds")
+KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+KINDS: dict[tuple[str, str], KubeflowKind] = {
+    ("kubeflow.org/v1", "PyTorchJob"): KubeflowKind(keys.PYTORCH, "pytorchReplicaSpecs", "pytorch", "pytorchjob-port"),
+    ("kubeflow.org/v1", "TFJob"): KubeflowKind(keys.TENSORFLOW, "tfReplicaSpecs", "tensorflow", "tfjob-port"),
+    ("kubeflow.org/v1", "XGBoostJob"): KubeflowKind(keys.XGBOOST, "xgbReplicaSpecs", "xgboost", "xgboostjob-port"),
+    ("kubeflow.org/v1", "JAXJob"): KubeflowKind(keys.JAX, "jaxReplicaSpecs", "jax", "jaxjob-port"),
+    ("kubeflow.org/v1", "PaddleJob"): KubeflowKind(keys.PADDLE, "paddleReplicaSpecs", "paddle", "master"),
+    ("kubeflow.org/v1", "MPIJob"): KubeflowKind(keys.MPI, "mpiReplicaSpecs", "mpi", ""),
+    ("kubeflow.org/v2beta1", "MPIJob"): KubeflowKind(keys.MPI, "mpiReplicaSpecs", "", ""),
+}
+
+
+@dataclass
+class Converted:
+    objects: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def role_template(kubeflow_spec: dict, role: str, kind: KubeflowKind, main_container: str, workload_kind: str,
+                  fields: Fields) -> tuple[dict, str, int | None]:
+    """(pod template, the Kubeflow restartPolicy, the Kubeflow port) of one replica type."""
+    path = f"spec.{kind.replica_specs}.{role}"
+    replica = dict(kubeflow_spec)
+    template = copy.deepcopy(replica.pop("template", None) or {})
+    restart = replica.pop("restartPolicy", "")
+    replica.pop("replicas", None)
+    fields.leftovers(path, replica)
+    spec = template.setdefault("spec", {})
+    if not spec.get("containers"):
+        raise ConvertError(f"{fields.where}: {path}.template.spec.containers is empty")
+    restart = restart or spec.get("restartPolicy", "")
+    spec.pop("restartPolicy", None)
+    if workload_kind == "job" and restart in ("Never", "OnFailure"):
+        spec["restartPolicy"] = restart
+    container = training_container(template, kind, main_container)
+    if container is None:
+        names = ", ".join(c.get("name", "?") for c in spec["containers"])
+        fields.warnings.append(f"{fields.where}: {path}: no container named {main_container or kind.container} "
+                               f"(containers: {names}); trainhook injects into the first one")
+    return template, restart, kubeflow_port(container, kind.port_name)
+
+
+def convert_job(job: dict, workload_kind: str = "statefulset", gang_scheduler: str | None = None,
+                namespace: str | None = None) -> Converted:
+    """One Kubeflow job as trainhook objects (Service, workloads, PodGroup) and the warnings for what is left."""
+    api_version, kind_name = job.get("apiVersion", ""), job.get("kind", "")
+    kind = KINDS.get((api_version, kind_name))
+    meta = copy.deepcopy(job.get("metadata") or {})
+    name = meta.pop("name", "")
+    where = f"{kind_name}/{name or '?'}"
+    if kind is None:
+        supported = ", ".join(f"{k} ({v})" for v, k in KINDS)
+        raise ConvertError(f"{where}: {api_version} {kind_name} is not a Kubeflow job convert knows; it converts "
+                           f"{supported}")
+    if not name:
+        raise ConvertError(f"{kind_name}: metadata.name is required")
+    result = Converted()
+    fields = Fields(where, result.warnings)
+    spec = copy.deepcopy(job.get("spec") or {})
+    specs = spec.pop(kind.replica_specs, None)
+    if not isinstance(specs, dict) or not specs:
+        raise ConvertError(f"{where}: spec.{kind.replica_specs} is required (the replica types)")
+    labels = dict(meta.pop("labels", None) or {})
+    annotations_in = dict(meta.pop("annotations", None) or {})
+    annotations_in.pop(KUBECTL_LAST_APPLIED, None)
+    own_namespace = meta.pop("namespace", None)
+    for server_field in SERVER_METADATA:
+        meta.pop(server_field, None)
+    fields.leftovers("metadata", meta)
+
+    annotations: dict[str, str] = {}
+    roles_in = {}
+    order = keys.ROLES[kind.framework]
+    for replica_type, replica in specs.items():
+        role = replica_type.lower()
+        if role not in order:
+            raise ConvertError(f"{where}: spec.{kind.replica_specs}.{replica_type}: not a {kind_name} replica type "
+                               f"(use {', '.join(r.capitalize() if r != 'ps' else 'PS' for r in order)})")
+        replicas = as_int((replica or {}).get("replicas", 1), f"spec.{kind.replica_specs}.{replica_type}.replicas")
+        if replicas < 1:
+            fields.drop(f"spec.{kind.replica_specs}.{replica_type}", replica, "zero replicas")
+            continue
+        roles_in[role] = (replica_type, replicas, replica or {})
+    main_container = ""
+    if kind.framework == keys.PYTORCH:
+        pytorch_options(spec, roles_in.get("worker", ("", 0, {}))[1], fields, annotations)
+    elif kind.framework == keys.MPI:
+        main_container = mpi_options(spec, api_version, fields, annotations)
+    elif kind.framework == keys.PADDLE and "elasticPolicy" in spec:
+        fields.drop("spec.elasticPolicy", spec.pop("elasticPolicy"), "trainhook's elastic training is PyTorch's")
+    if kind.framework == keys.TENSORFLOW:
+        for name_, why in (("successPolicy", "the gang succeeds when rank 0 (the chief, else worker 0) does"),
+                           ("enableDynamicWorker", "a TF_CONFIG lists the gang as created")):
+            if name_ in spec:
+                fields.drop(f"spec.{name_}", spec.pop(name_), why)
+
+    templates, restarts, ports = [], set(), {}
+    for role in sorted(roles_in, key=order.index):
+        replica_type, replicas, replica = roles_in[role]
+        template, restart, port = role_template(replica, replica_type, kind, main_container, workload_kind, fields)
+        templates.append((role, replicas, template))
+        if restart:
+            restarts.add(restart)
+        if port is not None:
+            ports[role] = port
+    if kind.framework == keys.MPI:
+        set_mpi_commands(templates, kind, main_container, fields)
+    container_name = main_container or kind.container
+    having = [t for _, _, t in templates if training_container(t, kind, main_container)]
+    if container_name and len(having) == len(templates):
+        annotations[keys.CONTAINER] = container_name
+    elif container_name:  # only the roles that have it name it; the others train in their first container
+        for template in having:
+            template.setdefault("metadata", {}).setdefault("annotations", {})[keys.CONTAINER] = container_name
+    if ports:
+        first = ports[next(r for r, _, _ in templates if r in ports)]
+        if len(set(ports.values())) > 1:
+            result.warnings.append(f"{where}: the replica types name different {kind.port_name} ports "
+                                   f"({ports}); trainhook uses one for the gang: {first}")
+        annotations[keys.PORT] = str(first)
+
+    policy = dict(spec.pop("runPolicy", None) or {})
+    scheduling_policy = policy.pop("schedulingPolicy", None) or {}
+    deadline, backoff = run_policy(policy, restarts, fields, annotations)
+    fields.leftovers("spec", spec)
+    pod_templates = [t for _, _, t in templates]
+    scheduler = gang_scheduler or infer_scheduler(pod_templates, labels)
+    scheduler_names = {(t.get("spec") or {}).get("schedulerName") for t in pod_templates}
+    scheduling, priority = scheduling_of(scheduling_policy, scheduler, labels, fields, scheduler_names)
+    if scheduler == "kueue":
+        labels.pop(KUEUE_QUEUE_LABEL, None)  # the pods carry it (the webhook), not the workloads
+    gang = Gang(name=name, framework=kind.framework, roles=templates, kind=workload_kind,
+                namespace=own_namespace or namespace, annotations=annotations, scheduling=scheduling,
+                role_suffix=True, active_deadline_seconds=deadline, priority_class=priority,
+                backoff_limit=backoff if backoff is not None else
+                (0 if annotations[ON_FAILURE] == "fail-gang" else None))
+    try:
+        result.objects = gang_objects(gang)
+    except RenderError as e:
+        raise ConvertError(f"{where}: {e}") from e
+    for obj in result.objects:
+        if obj["kind"] in ("StatefulSet", "Job"):
+            obj["metadata"]["labels"] = {**labels, **obj["metadata"]["labels"]}
+            if annotations_in:
+                obj["metadata"]["annotations"] = {**annotations_in, **obj["metadata"].get("annotations", {})}
+    return result
+
+
+def load_documents(text: str, path: str = "<input>") -> list[dict]:
+    """The objects of a YAML stream (`kind: List` expanded); invalid YAML is reported with its line and column."""
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        problem = " ".join(part for part in (e.context, e.problem) if part)
+        raise ConvertError(f"{where}: invalid YAML: {problem}") from e
+    except yaml.YAMLError as e:
+        raise ConvertError(f"{path}: invalid YAML: {e}") from e
+    objects = []
+    for number, doc in enumerate(docs, start=1):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise ConvertError(f"{path}: document {number} is a {type(doc).__name__}, not a Kubernetes object")
+        if doc.get("kind") == "List":
+            objects += [item for item in doc.get("items") or [] if isinstance(item, dict)]
+        else:
+            objects.append(doc)
+    return objects
+
+
+def is_kubeflow(obj: dict) -> bool:
+    return str(obj.get("apiVersion", "")).startswith("kubeflow.org/")
+
+
+def convert_text(text: str, path: str = "<input>", workload_kind: str = "statefulset",
+                 gang_scheduler: str | None = None, namespace: str | None = None) -> Converted:
+    """Every Kubeflow job of a YAML stream converted; other objects (ConfigMaps, ...) passed through as they are."""
+    result = Converted()
+    objects = load_documents(text, path)
+    if not any(is_kubeflow(obj) for obj in objects):
+        raise ConvertError(f"{path}: no Kubeflow job (apiVersion kubeflow.org/...) to convert")
+    for obj in objects:
+        if not is_kubeflow(obj):
+            result.objects.append(obj)
+            continue
+        converted = convert_job(obj, workload_kind, gang_scheduler, namespace)
+        result.objects += converted.objects
+        result.warnings += converted.warnings
+    return result

@@ -1,0 +1,49 @@
+"""`trainhook convert FILE`: print the trainhook manifests of a Kubeflow job; warnings go to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trainhook import keys
+from trainhook.convert import ConvertError, convert_text
+from trainhook.render import KINDS, to_yaml
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Convert Kubeflow PyTorchJob, TFJob, XGBoostJob, JAXJob, PaddleJob and MPIJob (v1, and "
+                          "mpi-operator's v2beta1) into trainhook manifests: a headless Service and one labeled "
+                          "workload per replica type. Fields without a trainhook counterpart are named on stderr.")
+    parser.add_argument("file", help="a YAML file with Kubeflow jobs ('-': standard input); other objects pass through")
+    parser.add_argument("--kind", default="statefulset", choices=KINDS,
+                        help="one StatefulSet per replica type (default, any Kubernetes) or one Indexed Job "
+                             "(Kubernetes >= 1.21)")
+    parser.add_argument("--gang-scheduler", choices=keys.GANG_SCHEDULERS,
+                        help="map runPolicy.schedulingPolicy for this scheduler (default: what the job names: "
+                             "Kueue's queue-name label, a volcano or scheduler-plugins schedulerName)")
+    parser.add_argument("-n", "--namespace", help="the namespace of jobs that name none")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the manifests here instead of stdout")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.file == "-":
+            text, path = sys.stdin.read(), "<stdin>"
+        else:
+            text, path = Path(args.file).read_text(encoding="utf-8"), args.file
+        converted = convert_text(text, path, args.kind, args.gang_scheduler, args.namespace)
+    except OSError as e:
+        print(f"error: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except ConvertError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for warning in converted.warnings:
+        print(f"Warning: {warning}", file=sys.stderr)
+    output = to_yaml(converted.objects)
+    if args.output:
+        Path(args.output).write_text(output, encoding="utf-8")
+    else:
+        sys.stdout.write(output)
+    return 0

@@ -1,0 +1,222 @@
+"""The Kubeflow fields `trainhook convert` maps besides the pod templates: runPolicy, schedulingPolicy,
+PyTorch's elastic and nproc options, MPIJob's own fields and commands. Each mapper takes the fields it knows out
+of the spec (a copy) and records through `Fields` every one it cannot map, so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from trainhook import keys
+from trainhook.render import ACTIVE_DEADLINE_SECONDS, MPI_WORKER, ON_FAILURE, Scheduling, mpi_launch
+
+# MPI keys of the contract (section 2) that keys.py does not have yet (issue 5): move them there when it lands.
+MPI_IMPLEMENTATION = keys.PREFIX + "mpi-implementation"
+SLOTS_PER_WORKER = keys.PREFIX + "slots-per-worker"
+MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
+# The label Kueue users put on a Kubeflow job to queue it (Kueue's Kubeflow integration).
+KUEUE_QUEUE_LABEL = keys.KUEUE_QUEUE_NAME
+# Kubeflow's replica restart policies that retry a failed member (ExitCode: only exit codes >= 128, as here).
+RETRYING = ("Always", "OnFailure", "ExitCode")
+
+
+class ConvertError(ValueError):
+    """Input convert cannot turn into a gang; the message names the file, object or field."""
+
+
+@dataclass(frozen=True)
+class KubeflowKind:
+    framework: str
+    replica_specs: str  # the spec field holding the replica types
+    container: str  # Kubeflow's fixed training container name ("": the first container, mpi-operator v2)
+    port_name: str  # the container port name Kubeflow reads the master port from ("": none)
+
+
+class Fields:
+    """The warnings of one job: `drop` names a field that has no counterpart (or a value trainhook cannot use),
+    `leftovers` every field of a mapping no mapper took."""
+
+    def __init__(self, where: str, warnings: list[str]):
+        self.where = where
+        self.warnings = warnings
+
+    def drop(self, path: str, value: object, why: str = "no trainhook counterpart") -> None:
+        shown = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+        self.warnings.append(f"{self.where}: {path}={shown}: {why}; left out")
+
+    def leftovers(self, path: str, mapping: dict) -> None:
+        for name, value in mapping.items():
+            self.drop(f"{path}.{name}", value)
+
+
+def as_int(value: object, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConvertError(f"{path}: expected an integer, got {value!r}")
+    return value
+
+
+def training_container(template: dict, kind: KubeflowKind, main_container: str) -> dict | None:
+    containers = (template.get("spec") or {}).get("containers") or []
+    wanted = main_container or kind.container
+    if not wanted:
+        return containers[0] if containers else None
+    return next((c for c in containers if c.get("name") == wanted), None)
+
+
+def kubeflow_port(container: dict | None, port_name: str) -> int | None:
+    for port in (container or {}).get("ports") or []:
+        if port_name and port.get("name") == port_name and port.get("containerPort"):
+            return int(port["containerPort"])
+    return None
+
+
+def infer_scheduler(templates: list[dict], labels: dict) -> str | None:
+    """The gang scheduler a Kubeflow job was written for, when the job says so itself."""
+    if labels.get(KUEUE_QUEUE_LABEL):
+        return "kueue"
+    names = {(t.get("spec") or {}).get("schedulerName") for t in templates}
+    if names == {keys.VOLCANO_SCHEDULER}:
+        return "volcano"
+    if names and all(n and "scheduler-plugins" in n for n in names):
+        return "coscheduling"
+    return None
+
+
+def scheduling_of(policy: dict, scheduler: str | None, labels: dict, fields: Fields,
+                  scheduler_names: set) -> tuple[Scheduling | None, str]:
+    """runPolicy.schedulingPolicy (and Kueue's queue label) as trainhook's gang-scheduling options, and the
+    priority class (for the pods, with or without a gang scheduler)."""
+    policy = dict(policy or {})
+    path = "spec.runPolicy.schedulingPolicy"
+    queue = policy.pop("queue", "") or labels.get(KUEUE_QUEUE_LABEL, "")
+    minimum = policy.pop("minAvailable", None)
+    priority = policy.pop("priorityClass", "")
+    timeout = policy.pop("scheduleTimeoutSeconds", None)
+    min_resources = policy.pop("minResources", None)
+    fields.leftovers(path, policy)
+    if scheduler is None:
+        for name, value in (("minAvailable", minimum), ("queue", queue), ("scheduleTimeoutSeconds", timeout),
+                            ("minResources", min_resources)):
+            if value:
+                fields.drop(f"{path}.{name}", value, "no gang scheduler named (give --gang-scheduler)")
+        return None, priority
+    if scheduler != "volcano" and scheduler != "coscheduling" and min_resources:
+        fields.drop(f"{path}.minResources", min_resources, f"{scheduler} has no PodGroup to carry it")
+        min_resources = None
+    if scheduler != "coscheduling" and timeout is not None:
+        fields.drop(f"{path}.scheduleTimeoutSeconds", timeout, "only the coscheduling PodGroup has it")
+        timeout = None
+    if scheduler == "coscheduling" and queue:
+        fields.drop(f"{path}.queue", queue, "the coscheduling plugin has no queues")
+        queue = ""
+    scheduler_name = ""
+    if scheduler == "coscheduling":
+        scheduler_name = next((n for n in scheduler_names if n and n != "default-scheduler"), "")
+    return Scheduling(scheduler=scheduler, queue=queue, priority_class=priority, scheduler_name=scheduler_name,
+                      min_available=None if minimum is None else as_int(minimum, f"{path}.minAvailable"),
+                      schedule_timeout_seconds=None if timeout is None else
+                      as_int(timeout, f"{path}.scheduleTimeoutSeconds"),
+                      min_resources=min_resources), priority
+
+
+def run_policy(policy: dict, restart_policies: set, fields: Fields, annotations: dict) -> tuple[int | None, int | None]:
+    """runPolicy's deadline and retries as issue 7's annotations; returns (activeDeadlineSeconds, backoffLimit)."""
+    deadline = policy.pop("activeDeadlineSeconds", None)
+    backoff = policy.pop("backoffLimit", None)
+    if deadline is not None:
+        annotations[ACTIVE_DEADLINE_SECONDS] = str(as_int(deadline, "spec.runPolicy.activeDeadlineSeconds"))
+    if backoff is not None:
+        backoff = as_int(backoff, "spec.runPolicy.backoffLimit")
+        annotations[ON_FAILURE] = "restart-gang" if backoff > 0 else "fail-gang"
+        if backoff > 0:
+            annotations.setdefault(keys.MAX_RESTARTS, str(backoff))
+    elif restart_policies & set(RETRYING):
+        annotations[ON_FAILURE] = "restart-gang"
+        fields.warnings.append(f"{fields.where}: restartPolicy {'/'.join(sorted(restart_policies & set(RETRYING)))}"
+                               f" retries without bound in Kubeflow; trainhook restarts the gang together, at most "
+                               f"{annotations.get(keys.MAX_RESTARTS, '3')} times ({keys.MAX_RESTARTS})")
+    else:
+        annotations[ON_FAILURE] = "fail-gang"
+    for name in ("cleanPodPolicy", "ttlSecondsAfterFinished", "suspend", "managedBy"):
+        if name in policy:
+            why = {"cleanPodPolicy": "pods stay until the gang is deleted (trainhook delete)",
+                   "ttlSecondsAfterFinished": "nothing deletes a finished gang by itself",
+                   "suspend": "trainhook has no controller to suspend a gang; create it when it should run",
+                   "managedBy": "trainhook has no controller; no other controller takes it over"}[name]
+            fields.drop(f"spec.runPolicy.{name}", policy.pop(name), f"no trainhook counterpart: {why}")
+    fields.leftovers("spec.runPolicy", policy)
+    return (None if deadline is None else int(deadline)), backoff
+
+
+def pytorch_options(spec: dict, workers: int, fields: Fields, annotations: dict) -> None:
+    nproc = spec.pop("nprocPerNode", None)
+    elastic = spec.pop("elasticPolicy", None)
+    if elastic is not None:
+        elastic = dict(elastic)
+        low = as_int(elastic.pop("minReplicas", workers), "spec.elasticPolicy.minReplicas")
+        high = as_int(elastic.pop("maxReplicas", workers), "spec.elasticPolicy.maxReplicas")
+        annotations[keys.ELASTIC] = f"{low}:{high}"
+        if "maxRestarts" in elastic:
+            annotations[keys.MAX_RESTARTS] = str(as_int(elastic.pop("maxRestarts"), "spec.elasticPolicy.maxRestarts"))
+        backend = elastic.pop("rdzvBackend", "c10d")
+        if backend != "c10d":
+            fields.drop("spec.elasticPolicy.rdzvBackend", backend, "trainhook's elastic rendezvous is c10d")
+        if "rdzvPort" in elastic:
+            annotations.setdefault(keys.PORT, str(as_int(elastic.pop("rdzvPort"), "spec.elasticPolicy.rdzvPort")))
+        legacy = elastic.pop("nProcPerNode", None)
+        if nproc is None and legacy is not None:
+            nproc = str(legacy)
+        for name, why in (("rdzvHost", "the rendezvous is rank 0's address"),
+                          ("rdzvId", "the rendezvous id is the job name"),
+                          ("rdzvConf", "no trainhook counterpart"), ("standalone", "no trainhook counterpart"),
+                          ("metrics", "no autoscaler: trainhook has no controller")):
+            if name in elastic:
+                fields.drop(f"spec.elasticPolicy.{name}", elastic.pop(name), why)
+        fields.leftovers("spec.elasticPolicy", elastic)
+    if nproc is not None:
+        annotations[keys.NPROC_PER_NODE] = str(nproc)
+
+
+def mpi_options(spec: dict, api_version: str, fields: Fields, annotations: dict) -> str:
+    """MPIJob's own fields; returns the v1 mainContainer (the training container's name) or ""."""
+    if "slotsPerWorker" in spec:
+        annotations[SLOTS_PER_WORKER] = str(as_int(spec.pop("slotsPerWorker"), "spec.slotsPerWorker"))
+    implementation = spec.pop("mpiImplementation", None)
+    if implementation:
+        if implementation not in MPI_IMPLEMENTATIONS:
+            raise ConvertError(f"{fields.where}: spec.mpiImplementation={implementation}: use "
+                               f"{', '.join(MPI_IMPLEMENTATIONS)}")
+        annotations[MPI_IMPLEMENTATION] = implementation
+    if spec.pop("launcherCreationPolicy", "AtStartup") == "WaitForWorkersReady":
+        annotations[keys.GANG_WAIT] = "tcp"  # the launcher starts once every worker is up and reachable
+    for name, why in (("sshAuthMountPath", "trainhook's launcher reaches workers through kubexec, not ssh"),
+                      ("runLauncherAsWorker", "the launcher is not in the hostfile"),
+                      ("cleanPodPolicy", "pods stay until the gang is deleted (trainhook delete)")):
+        if name in spec:
+            fields.drop(f"spec.{name}", spec.pop(name), why)
+    return spec.pop("mainContainer", "") if api_version == "kubeflow.org/v1" else ""
+
+
+def set_mpi_commands(templates: list[tuple[str, int, dict]], kind: KubeflowKind, main_container: str,
+                     fields: Fields) -> None:
+    """The launcher runs its mpirun through `trainhook-launch mpirun --` (which writes the hostfile and the rsh
+    agent, examples/mpi/); the workers run `trainhook-launch mpi-worker` instead of mpi-operator's sshd."""
+    for role, _, template in templates:
+        container = training_container(template, kind, main_container) or template["spec"]["containers"][0]
+        path = f"spec.{kind.replica_specs}.{role.capitalize()}"
+        if role == "launcher":
+            if container.get("command"):
+                container["command"] = mpi_launch(container["command"])
+            else:
+                fields.warnings.append(f"{fields.where}: {path}: no command to run under `trainhook-launch mpirun "
+                                       "--` (the image's entrypoint is unknown here); write it out")
+            continue
+        own = (container.get("command") or []) + (container.get("args") or [])
+        if own[:2] != MPI_WORKER:
+            what = f"ran `{' '.join(own)}`" if own else "had no command (mpi-operator ran sshd)"
+            fields.warnings.append(f"{fields.where}: {path}: the workers {what}; they run `trainhook-launch "
+                                   "mpi-worker` instead (the launcher reaches them through kubexec, not ssh)")
+            container["command"] = list(MPI_WORKER)
+            container.pop("args", None)

@@ -1,0 +1,262 @@
+"""A gang's state from its objects, and how the CLI shows it: pure functions on plain dicts, no API calls.
+
+The rank of a pod is the `TRAINHOOK_RANK` the webhook wrote into its training container; the outcome is the
+`trainhook.dev/phase` the launchers record on the workload when the gang ends (with `phase-reason`,
+`exit-code` and `phase-time`), else what the Jobs and the pods say (all pods Succeeded: Succeeded; any
+Failed: Failed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from trainhook import keys
+from trainhook.render import EXIT_CODE, PHASE, PHASE_REASON, PHASE_TIME
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class PodState:
+    name: str
+    role: str
+    rank: int | None
+    phase: str
+    ready: str  # "1/1"
+    restarts: int
+    reason: str = ""  # a waiting/terminated reason (CrashLoopBackOff, Error, OOMKilled, Unschedulable, ...)
+    node: str = ""
+
+
+@dataclass
+class GangState:
+    name: str
+    namespace: str
+    framework: str = ""
+    shape: str = ""  # role=count,... in rank order
+    size: int = 0
+    workloads: list[str] = field(default_factory=list)  # kind/name
+    pods: list[PodState] = field(default_factory=list)
+    outcome: str = "NotFound"  # Pending, Starting, Running, Succeeded, Failed, NotFound
+    detail: str = ""  # the phase annotation's text, or why the gang failed
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome in TERMINAL
+
+    @property
+    def restarts(self) -> int:
+        return sum(pod.restarts for pod in self.pods)
+
+
+def training_container_name(pod: dict) -> str:
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    wanted = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.CONTAINER)
+    names = [str(c.get("name", "")) for c in containers]
+    return str(wanted) if wanted in names else names[0]
+
+
+def container_started(pod: dict, container: str) -> bool:
+    """Whether the container has run (so it has a log): running or terminated, now or before."""
+    status = pod.get("status") or {}
+    for item in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        if item.get("name") == container:
+            state, last = item.get("state") or {}, item.get("lastState") or {}
+            return bool(state.get("running") or state.get("terminated") or last.get("terminated"))
+    return False
+
+
+def pod_rank(pod: dict) -> int | None:
+    """TRAINHOOK_RANK from the pod's training container (set by the webhook at admission)."""
+    wanted = training_container_name(pod)
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") != wanted:
+            continue
+        for item in container.get("env") or []:
+            if item.get("name") == keys.TH_RANK and str(item.get("value", "")).isdigit():
+                return int(item["value"])
+    return None
+
+
+def pod_state(pod: dict) -> PodState:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    total = len((pod.get("spec") or {}).get("containers") or [])
+    ready = sum(1 for s in statuses if s.get("ready"))
+    reason = ""
+    for s in (status.get("initContainerStatuses") or []) + statuses:
+        state = s.get("state") or {}
+        detail = (state.get("waiting") or {}).get("reason") or (state.get("terminated") or {}).get("reason")
+        if detail and detail not in ("Completed", "PodInitializing"):
+            reason = detail
+            break
+    if not reason:
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                reason = condition.get("reason") or "Unschedulable"
+    if meta.get("deletionTimestamp"):
+        reason = "Terminating"
+    return PodState(name=meta.get("name", ""), role=(meta.get("labels") or {}).get(keys.ROLE, ""),
+                    rank=pod_rank(pod), phase=status.get("phase") or "Pending", ready=f"{ready}/{total}",
+                    restarts=sum(int(s.get("restartCount") or 0) for s in statuses), reason=reason,
+                    node=(pod.get("spec") or {}).get("nodeName") or "")
+
+
+def parse_phase(text: str) -> tuple[str, str]:
+    """(phase, detail) from the `trainhook.dev/phase` annotation: JSON with a `phase` field, or text that starts
+    with the phase (`Succeeded at 2025-01-01T00:00:00Z: rank 0 exited 0`)."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = {}
+        if isinstance(value, dict) and value.get("phase"):
+            return str(value["phase"]), text
+    word = re.split(r"[\s:;,]", text, maxsplit=1)[0]
+    return word, text
+
+
+def workload_size(workload: dict) -> int:
+    spec = workload.get("spec") or {}
+    value = spec.get("replicas", 1) if workload.get("kind") == "StatefulSet" else spec.get("completions", 1)
+    return int(value or 0)
+
+
+def job_condition(workload: dict) -> str:
+    for condition in (workload.get("status") or {}).get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
+            return "Succeeded" if condition["type"] == "Complete" else "Failed"
+    return ""
+
+
+def gang_shape(workloads: list[dict], pods: list[dict]) -> tuple[str, int]:
+    """The shape from the workloads' annotation (multi-role) or their replica counts; else from the pods."""
+    for workload in workloads:
+        template = ((workload.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        for annotations in ((workload.get("metadata") or {}).get("annotations") or {},
+                            template.get("annotations") or {}):
+            if "," in annotations.get(keys.REPLICAS, ""):
+                text = annotations[keys.REPLICAS]
+                return text, sum(int(part.partition("=")[2] or 0) for part in text.split(","))
+    if workloads:
+        counts = [(((w.get("metadata") or {}).get("labels") or {}).get(keys.ROLE, "worker"), workload_size(w))
+                  for w in workloads]
+        return ",".join(f"{role}={count}" for role, count in counts), sum(count for _, count in counts)
+    for pod in pods:
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            for item in container.get("env") or []:
+                if item.get("name") == keys.TH_REPLICAS:
+                    text = str(item.get("value", ""))
+                    return text, sum(int(part.partition("=")[2] or 0) for part in text.split(",") if "=" in part)
+    return "", len(pods)
+
+
+def recorded_phase(annotations: dict) -> tuple[str, str]:
+    """(phase, detail) the launchers recorded on a workload: the phase annotation, with its reason, exit code
+    and time when they are there (`rank 0 exited 0 (exit 0) at 2025-01-01T00:00:00Z`)."""
+    phase, detail = parse_phase(annotations[PHASE])
+    reason = annotations.get(PHASE_REASON, "")
+    if reason or EXIT_CODE in annotations:
+        detail = reason + (f" (exit {annotations[EXIT_CODE]})" if EXIT_CODE in annotations else "")
+        if annotations.get(PHASE_TIME):
+            detail += f" at {annotations[PHASE_TIME]}"
+    return phase, detail.strip()
+
+
+def outcome(workloads: list[dict], pods: list[PodState], size: int) -> tuple[str, str]:
+    """(outcome, detail): the launchers' recorded phase wins, then the Jobs' conditions, then the pods."""
+    phases = [recorded_phase(((w.get("metadata") or {}).get("annotations") or {})) for w in workloads
+              if PHASE in ((w.get("metadata") or {}).get("annotations") or {})]
+    for wanted in ("Failed", "Succeeded"):
+        for phase, detail in phases:
+            if phase == wanted:
+                return phase, detail
+    conditions = [job_condition(w) for w in workloads if w.get("kind") == "Job"]
+    if conditions and "Failed" in conditions:
+        return "Failed", "a Job of the gang failed"
+    if conditions and all(c == "Succeeded" for c in conditions) and len(conditions) == len(workloads):
+        return "Succeeded", "every Job completed"
+    if not workloads and not pods:
+        return "NotFound", ""
+    failed = [p for p in pods if p.phase == "Failed"]
+    if failed:
+        return "Failed", ", ".join(f"{p.name} {p.reason or 'failed'}" for p in failed)
+    if pods and len(pods) >= size and all(p.phase == "Succeeded" for p in pods):
+        return "Succeeded", "every pod succeeded"
+    running = [p for p in pods if p.phase in ("Running", "Succeeded")]
+    if pods and len(running) >= size:
+        return "Running", ""
+    if running:
+        return "Starting", f"{len(running)}/{size} pods running"
+    return "Pending", f"{len(pods)}/{size} pods created"
+
+
+def gang_state(name: str, namespace: str, workloads: list[dict], pods: list[dict]) -> GangState:
+    states = sorted((pod_state(p) for p in pods),
+                    key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.name))
+    shape, size = gang_shape(workloads, pods)
+    labels = [((o.get("metadata") or {}).get("labels") or {}) for o in workloads + pods]
+    framework = next((l[keys.FRAMEWORK] for l in labels if keys.FRAMEWORK in l), "")
+    result, detail = outcome(workloads, states, size)
+    return GangState(name=name, namespace=namespace, framework=framework, shape=shape, size=size,
+                     workloads=[f"{w.get('kind', '').lower()}/{w['metadata']['name']}" for w in workloads],
+                     pods=states, outcome=result, detail=detail)
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def format_status(state: GangState) -> str:
+    """The gang's headline and one row per pod, in rank order."""
+    if state.outcome == "NotFound":
+        return f"gang {state.name} not found in namespace {state.namespace}"
+    head = f"gang {state.name} ({state.framework or '?'}, {state.shape or '?'}) in {state.namespace}: {state.outcome}"
+    if state.detail:
+        head += f" ({state.detail})"
+    rows = [("POD", "ROLE", "RANK", "PHASE", "READY", "RESTARTS", "REASON")]
+    rows += [(p.name, p.role or "-", "-" if p.rank is None else str(p.rank), p.phase, p.ready, str(p.restarts),
+              p.reason or "-") for p in state.pods]
+    body = table(rows) if state.pods else "no pods yet"
+    return f"{head}\nworkloads: {', '.join(state.workloads) or '-'}\n{body}"
+
+
+def format_list(states: list[GangState]) -> str:
+    if not states:
+        return "no gangs"
+    rows = [("NAME", "FRAMEWORK", "SHAPE", "PODS", "RESTARTS", "OUTCOME")]
+    rows += [(s.name, s.framework or "-", s.shape or "-", f"{sum(p.phase == 'Running' for p in s.pods)}/{s.size}",
+              str(s.restarts), s.outcome) for s in states]
+    return table(rows)
+
+
+def progress(state: GangState) -> str:
+    """One line for `submit --wait`: the outcome and how many pods are in each phase."""
+    counts: dict[str, int] = {}
+    for pod in state.pods:
+        counts[pod.phase] = counts.get(pod.phase, 0) + 1
+    phases = ", ".join(f"{count} {phase}" for phase, count in sorted(counts.items())) or "no pods"
+    line = f"gang {state.name}: {state.outcome} ({phases}; {state.restarts} restarts)"
+    return f"{line}: {state.detail}" if state.detail and state.finished else line
+
+
+def changes(before: GangState | None, after: GangState) -> list[str]:
+    """Lines for what changed between two looks at a gang: each pod's phase or restarts, then the gang."""
+    lines = []
+    old = {p.name: p for p in before.pods} if before else {}
+    for pod in after.pods:
+        previous = old.get(pod.name)
+        if previous is None or (previous.phase, previous.restarts, previous.reason) != \
+                (pod.phase, pod.restarts, pod.reason):
+            what = pod.phase + (f" ({pod.reason})" if pod.reason else "")
+            if pod.restarts:
+                what += f", {pod.restarts} restarts"
+            lines.append(f"  pod {pod.name} (rank {'-' if pod.rank is None else pod.rank}): {what}")
+    if before is None or lines or progress(before) != progress(after):
+        lines.append(progress(after))
+    return lines

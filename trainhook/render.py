@@ -1,0 +1,404 @@
+"""`trainhook render`: labeled manifests for a training gang, as pure functions returning Kubernetes dicts.
+
+A gang is one headless Service named after the job plus one workload per role (a StatefulSet, or an Indexed
+Job with `--kind job`), each labeled and annotated as the contract (docs/contract.md) asks, so trainhook's
+webhook wires it; with a gang scheduler, also the PodGroup that Volcano or the coscheduling plugin needs (the
+webhook never creates objects). `gang_objects` is shared with `trainhook convert` and the SDK; `render` builds
+the pod templates from the CLI's flags first.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+from trainhook import keys
+
+# Issue 7's keys (gang completion and failure), not yet in trainhook/keys.py: move them there when it lands.
+# Annotation on the workload: what the gang does when a member fails: fail-gang (default) or restart-gang.
+ON_FAILURE = keys.PREFIX + "on-failure"
+ON_FAILURE_POLICIES = ("fail-gang", "restart-gang")
+# Annotation on the workload: seconds a run may last before the launchers end it.
+ACTIVE_DEADLINE_SECONDS = keys.PREFIX + "active-deadline-seconds"
+# Annotations the launchers write on the workload when the gang ends (launcher/lifecycle.py): the phase
+# (Succeeded or Failed), when, why (who ended the gang, and how) and the gang's exit code.
+PHASE = keys.PREFIX + "phase"
+PHASE_TIME = keys.PREFIX + "phase-time"
+PHASE_REASON = keys.PREFIX + "phase-reason"
+EXIT_CODE = keys.PREFIX + "exit-code"
+
+KINDS = ("statefulset", "job")
+# The schedulers' PodGroup objects (the webhook only labels pods; these come from render and convert).
+VOLCANO_PODGROUP_API = "scheduling.volcano.sh/v1beta1"
+COSCHEDULING_PODGROUP_API = "scheduling.x-k8s.io/v1alpha1"
+# Kubernetes' resource.Quantity grammar.
+QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+
+class RenderError(ValueError):
+    """Options that cannot make a working gang; the message names the flag and the fix."""
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """Gang scheduling (issue 10): which scheduler, and Kubeflow's schedulingPolicy fields."""
+
+    scheduler: str
+    queue: str = ""
+    min_available: int | None = None
+    priority_class: str = ""
+    scheduler_name: str = ""  # coscheduling only: the scheduler profile's name
+    schedule_timeout_seconds: int | None = None  # coscheduling PodGroup only
+    min_resources: dict | None = None  # PodGroup spec.minResources (Volcano, coscheduling)
+
+
+@dataclass
+class Gang:
+    """A gang's workloads: roles in rank order, each with its replica count and pod template."""
+
+    name: str
+    framework: str
+    roles: list[tuple[str, int, dict]]  # (role, replicas, pod template with metadata and spec)
+    kind: str = "statefulset"
+    namespace: str | None = None
+    annotations: dict[str, str] = field(default_factory=dict)  # trainhook.dev/ options for every workload
+    scheduling: Scheduling | None = None
+    # Workloads are named <job>-<role> even for one role (Kubeflow's pod names); a multi-role gang always is.
+    role_suffix: bool = False
+    active_deadline_seconds: int | None = None  # Indexed Jobs also get it as spec.activeDeadlineSeconds
+    backoff_limit: int | None = None  # Indexed Jobs only
+    # The pods' PriorityClass without a gang scheduler (with one: Scheduling.priority_class).
+    priority_class: str = ""
+
+
+def _meta(name: str, namespace: str | None, labels: dict, annotations: dict | None = None) -> dict:
+    meta: dict = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def service(name: str, namespace: str | None = None) -> dict:
+    """The headless Service every pod address `<host>.<name>` resolves through, before pods are Ready."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(name, namespace, {keys.JOB_NAME: name}),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {keys.JOB_NAME: name}}}
+
+
+def size(gang: Gang) -> int:
+    return sum(count for _, count, _ in gang.roles)
+
+
+def shape(gang: Gang) -> str:
+    return ",".join(f"{role}={count}" for role, count, _ in gang.roles)
+
+
+def workload_name(gang: Gang, role: str) -> str:
+    return f"{gang.name}-{role}" if gang.role_suffix or len(gang.roles) > 1 else gang.name
+
+
+def scheduling_annotations(scheduling: Scheduling | None) -> dict[str, str]:
+    if scheduling is None:
+        return {}
+    found = {keys.GANG_SCHEDULER: scheduling.scheduler, keys.QUEUE: scheduling.queue,
+             keys.SCHEDULER_NAME: scheduling.scheduler_name}
+    if scheduling.min_available is not None:
+        found[keys.MIN_AVAILABLE] = str(scheduling.min_available)
+    return {key: value for key, value in found.items() if value}
+
+
+def set_kueue_pod_group(template_meta: dict, gang: Gang, queue: str) -> None:
+    """Kueue's pod-group keys in the template itself (the webhook would add the same): Kueue's own webhook gates
+    a pod only if the queue label is there when it sees the pod, whichever webhook runs first."""
+    template_meta["labels"].update({keys.KUEUE_QUEUE_NAME: queue, keys.KUEUE_POD_GROUP_NAME: gang.name})
+    template_meta.setdefault("annotations", {})[keys.KUEUE_POD_GROUP_TOTAL_COUNT] = str(size(gang))
+
+
+def workload(gang: Gang, role: str, replicas: int, template: dict) -> dict:
+    """One role's StatefulSet or Indexed Job, labeled for the webhook, its template labeled the same.
+
+    The priority class goes into the template itself rather than the `priority-class` annotation: the API
+    server's Priority admission plugin resolves it before any webhook runs (a class the webhook adds later is
+    refused on reinvocation, the pod already carrying the default priority). Kueue's keys go there too."""
+    name = workload_name(gang, role)
+    labels = {keys.FRAMEWORK: gang.framework, keys.JOB_NAME: gang.name, keys.ROLE: role}
+    annotations = dict(gang.annotations)
+    annotations.update(scheduling_annotations(gang.scheduling))
+    if len(gang.roles) > 1:
+        annotations[keys.REPLICAS] = shape(gang)
+    template = copy.deepcopy(template)
+    tmeta = template.setdefault("metadata", {})
+    tmeta["labels"] = {**(tmeta.get("labels") or {}), **labels}
+    if gang.scheduling and gang.scheduling.scheduler == "kueue":
+        set_kueue_pod_group(tmeta, gang, gang.scheduling.queue)
+    spec = template.setdefault("spec", {})
+    priority = gang.priority_class or (gang.scheduling.priority_class if gang.scheduling else "")
+    if priority:
+        spec.setdefault("priorityClassName", priority)
+    meta = _meta(name, gang.namespace, labels, annotations)
+    if gang.kind == "job":
+        spec["restartPolicy"] = spec.get("restartPolicy") if spec.get("restartPolicy") in ("Never", "OnFailure") \
+            else "Never"
+        job_spec: dict = {"completions": replicas, "parallelism": replicas, "completionMode": "Indexed"}
+        if gang.backoff_limit is not None:
+            job_spec["backoffLimit"] = gang.backoff_limit
+        if gang.active_deadline_seconds is not None:
+            job_spec["activeDeadlineSeconds"] = gang.active_deadline_seconds
+        job_spec["template"] = template
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+    spec["restartPolicy"] = "Always"  # the only value a StatefulSet accepts
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta,
+            "spec": {"serviceName": gang.name, "replicas": replicas, "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": {keys.JOB_NAME: gang.name, keys.ROLE: role}},
+                     "template": template}}
+
+
+def pod_group(scheduling: Scheduling, name: str, namespace: str | None, members: int) -> dict | None:
+    """The PodGroup Volcano or the coscheduling plugin needs (the pods name it); None for Kueue (the admin's
+    LocalQueue is all it needs)."""
+    minimum = scheduling.min_available if scheduling.min_available is not None else members
+    spec: dict = {"minMember": minimum}
+    if scheduling.scheduler == "volcano":
+        api = VOLCANO_PODGROUP_API
+        if scheduling.queue:
+            spec["queue"] = scheduling.queue
+        if scheduling.priority_class:
+            spec["priorityClassName"] = scheduling.priority_class
+    elif scheduling.scheduler == "coscheduling":
+        api = COSCHEDULING_PODGROUP_API
+        if scheduling.schedule_timeout_seconds is not None:
+            spec["scheduleTimeoutSeconds"] = scheduling.schedule_timeout_seconds
+    else:
+        return None
+    if scheduling.min_resources:
+        spec["minResources"] = dict(scheduling.min_resources)
+    return {"apiVersion": api, "kind": "PodGroup", "metadata": _meta(name, namespace, {keys.JOB_NAME: name}),
+            "spec": spec}
+
+
+def check_scheduling(scheduling: Scheduling | None, members: int) -> None:
+    if scheduling is None:
+        return
+    if scheduling.scheduler not in keys.GANG_SCHEDULERS:
+        raise RenderError(f"--gang-scheduler {scheduling.scheduler}: use one of {', '.join(keys.GANG_SCHEDULERS)}")
+    if scheduling.scheduler == "kueue" and not scheduling.queue:
+        raise RenderError("--gang-scheduler kueue needs --queue: the LocalQueue the gang is admitted through")
+    if scheduling.min_available is not None and not 1 <= scheduling.min_available <= members:
+        raise RenderError(f"--min-available {scheduling.min_available}: give a pod count from 1 to the gang's "
+                          f"{members}")
+    if scheduling.schedule_timeout_seconds is not None and scheduling.scheduler != "coscheduling":
+        raise RenderError("--schedule-timeout-seconds is a coscheduling PodGroup field")
+
+
+def gang_objects(gang: Gang) -> list[dict]:
+    """The Service, one workload per role (rank order) and the PodGroup, if the scheduler needs one."""
+    if gang.kind not in KINDS:
+        raise RenderError(f"--kind {gang.kind}: use statefulset or job")
+    if gang.framework not in keys.ROLES:
+        raise RenderError(f"--framework {gang.framework}: use one of {', '.join(keys.ROLES)}")
+    order = keys.ROLES[gang.framework]
+    for role, count, _ in gang.roles:
+        if role not in order:
+            raise RenderError(f"role {role!r} is not a {gang.framework} role: use {', '.join(order)}")
+        if count < 1:
+            raise RenderError(f"role {role}={count}: give every role at least one replica (or leave it out)")
+    if not gang.roles:
+        raise RenderError("the gang has no replicas: give --workers N or --role ROLE=N")
+    gang.roles.sort(key=lambda item: order.index(item[0]))
+    check_scheduling(gang.scheduling, size(gang))
+    objects = [service(gang.name, gang.namespace)]
+    objects += [workload(gang, role, count, template) for role, count, template in gang.roles]
+    group = pod_group(gang.scheduling, gang.name, gang.namespace, size(gang)) if gang.scheduling else None
+    if group:
+        objects.append(group)
+    return objects
+
+
+# --- From the CLI's flags -------------------------------------------------------------------------------------
+
+@dataclass
+class RenderOptions:
+    """What `trainhook render` (and `submit`, and the SDK) take; roles as (role, count) in any order."""
+
+    name: str
+    framework: str = keys.PYTORCH
+    roles: list[tuple[str, int]] = field(default_factory=list)
+    image: str = ""
+    command: list[str] = field(default_factory=list)
+    gpus: int = 0
+    cpu: str = ""
+    memory: str = ""
+    env: list[tuple[str, str]] = field(default_factory=list)
+    elastic: str = ""
+    on_failure: str = ""
+    max_restarts: int | None = None
+    active_deadline_seconds: int | None = None
+    nproc_per_node: str = ""
+    port: int | None = None
+    namespace: str | None = None
+    kind: str = "statefulset"
+    scheduling: Scheduling | None = None
+    container: str = ""  # the training container's name (default: the framework's, as Kubeflow names it)
+    priority_class: str = ""  # without a gang scheduler (with one, Scheduling.priority_class)
+
+
+def parse_roles(workers: int | None, role_args: list[str], framework: str) -> list[tuple[str, int]]:
+    """`--workers N` and `--role ROLE=N` (repeatable) as (role, count) pairs."""
+    roles: dict[str, int] = {}
+    for text in role_args:
+        role, sep, count = text.partition("=")
+        if not sep or not count.strip().isdigit():
+            raise RenderError(f"--role {text}: write ROLE=COUNT, e.g. master=1")
+        if role.strip() in roles:
+            raise RenderError(f"--role {role.strip()} given twice")
+        roles[role.strip()] = int(count)
+    if workers is not None:
+        if "worker" in roles:
+            raise RenderError("--workers and --role worker=N both given: keep one")
+        roles["worker"] = workers
+    if framework == keys.MPI and roles and "launcher" not in roles:
+        roles = {"launcher": 1, **roles}  # an MPI gang always has its launcher
+    return list(roles.items())
+
+
+def parse_env(pairs: list[str]) -> list[tuple[str, str]]:
+    env = []
+    for text in pairs:
+        name, sep, value = text.partition("=")
+        if not sep or not ENV_NAME.match(name):
+            raise RenderError(f"--env {text}: write NAME=VALUE with a valid variable name")
+        env.append((name, value))
+    return env
+
+
+def resources(options: RenderOptions) -> dict:
+    """Per-pod resources: GPUs as a limit (requests follow), CPU as a request, memory as request and limit."""
+    for flag, value in (("--cpu", options.cpu), ("--memory", options.memory)):
+        if value and not QUANTITY.match(value):
+            raise RenderError(f"{flag} {value}: not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")
+    if options.gpus < 0:
+        raise RenderError(f"--gpus {options.gpus}: give a GPU count of 0 or more")
+    requests: dict[str, object] = {}
+    limits: dict[str, object] = {}
+    if options.cpu:
+        requests["cpu"] = options.cpu
+    if options.memory:
+        requests["memory"] = limits["memory"] = options.memory
+    if options.gpus:
+        limits[keys.GPU_RESOURCE] = options.gpus
+    found = {}
+    if requests:
+        found["requests"] = requests
+    if limits:
+        found["limits"] = limits
+    return found
+
+
+MPI_LAUNCH = ["trainhook-launch", "mpirun", "--"]
+MPI_WORKER = ["trainhook-launch", "mpi-worker"]
+
+
+def mpi_launch(command: list[str]) -> list[str]:
+    """An MPI launcher's command under `trainhook-launch mpirun --`, which waits for the workers, writes the
+    hostfile and the rsh agent, then runs it (adding `mpirun` when CMD does not start with it)."""
+    return list(command) if command[:1] == ["trainhook-launch"] else MPI_LAUNCH + list(command)
+
+
+def role_command(options: RenderOptions, role: str) -> list[str]:
+    """The user's command; in an MPI gang the launcher runs it through `trainhook-launch mpirun` and the workers
+    only stay up for mpirun's daemons (contract section 6)."""
+    if options.framework == keys.MPI and role == "worker":
+        return list(MPI_WORKER)
+    if options.framework == keys.MPI and role == "launcher" and options.command:
+        return mpi_launch(options.command)
+    return list(options.command)
+
+
+def pod_template(options: RenderOptions, role: str) -> dict:
+    container: dict = {"name": options.container or options.framework, "image": options.image}
+    command = role_command(options, role)
+    if command:
+        container["command"] = command
+    if options.env:
+        container["env"] = [{"name": name, "value": value} for name, value in options.env]
+    found = resources(options)
+    if found:
+        container["resources"] = found
+    return {"metadata": {}, "spec": {"containers": [container]}}
+
+
+def option_annotations(options: RenderOptions, members: int) -> dict[str, str]:
+    annotations: dict[str, str] = {}
+    if options.elastic:
+        if options.framework != keys.PYTORCH:
+            raise RenderError("--elastic is PyTorch's (torchrun's c10d rendezvous)")
+        low, sep, high = options.elastic.partition(":")
+        if not (sep and low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+            raise RenderError(f"--elastic {options.elastic}: write MIN:MAX nodes with 1 <= MIN <= MAX, e.g. 2:4")
+        if not int(low) <= members <= int(high):
+            raise RenderError(f"--elastic {options.elastic}: the gang's {members} pods must lie within it")
+        annotations[keys.ELASTIC] = options.elastic
+    if options.on_failure:
+        if options.on_failure not in ON_FAILURE_POLICIES:
+            raise RenderError(f"--on-failure {options.on_failure}: use {' or '.join(ON_FAILURE_POLICIES)}")
+        annotations[ON_FAILURE] = options.on_failure
+    for flag, number, key in (("--max-restarts", options.max_restarts, keys.MAX_RESTARTS),
+                              ("--active-deadline-seconds", options.active_deadline_seconds, ACTIVE_DEADLINE_SECONDS)):
+        if number is not None:
+            if number < (1 if key == ACTIVE_DEADLINE_SECONDS else 0):
+                raise RenderError(f"{flag} {number}: give a positive number")
+            annotations[key] = str(number)
+    nproc = options.nproc_per_node
+    if nproc:
+        if nproc not in keys.NPROC_WORDS and not (nproc.isdigit() and int(nproc) >= 1):
+            raise RenderError(f"--nproc-per-node {nproc}: use auto, cpu, gpu or a positive integer")
+        annotations[keys.NPROC_PER_NODE] = nproc
+    if options.port is not None:
+        if not 0 < options.port < 65536:
+            raise RenderError(f"--port {options.port}: use a TCP port from 1 to 65535")
+        annotations[keys.PORT] = str(options.port)
+    if options.container:
+        annotations[keys.CONTAINER] = options.container
+    return annotations
+
+
+def gang_of(options: RenderOptions) -> Gang:
+    if not options.image:
+        raise RenderError("--image is required: the training container's image")
+    if not options.roles:
+        raise RenderError("give the gang's size: --workers N, or --role ROLE=N for each role")
+    members = sum(count for _, count in options.roles)
+    templates = [(role, count, pod_template(options, role)) for role, count in options.roles]
+    fail_gang = options.on_failure in ("", "fail-gang")
+    return Gang(name=options.name, framework=options.framework, roles=templates, kind=options.kind,
+                namespace=options.namespace, annotations=option_annotations(options, members),
+                scheduling=options.scheduling, active_deadline_seconds=options.active_deadline_seconds,
+                backoff_limit=0 if fail_gang else None, priority_class=options.priority_class)
+
+
+def render(options: RenderOptions) -> list[dict]:
+    """The manifests for `options`: Service, workloads, PodGroup (raises RenderError)."""
+    return gang_objects(gang_of(options))
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (a shipped function, a shell script) as readable `|` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(objects: list[dict]) -> str:
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False)

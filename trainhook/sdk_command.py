@@ -1,0 +1,69 @@
+"""Ship a Python function in a pod's command, as Kubeflow's training SDK does (`create_job(train_func=...)`).
+
+The function's source (`inspect.getsource`, dedented) is written to a file by a bash heredoc in the container's
+command, followed by a call with the arguments (a JSON object, passed as one dict, as Kubeflow passes
+`parameters`), then run with `torchrun` for PyTorch (which reads its arguments from the PET_* variables the
+webhook injects) or `python` for the other frameworks. The heredoc's delimiter is quoted, so nothing in the
+source is expanded by the shell. Packages are pip-installed first. The function must be self-contained: it runs
+in a fresh interpreter, so its imports belong inside it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shlex
+import textwrap
+from collections.abc import Callable
+
+from trainhook import keys
+
+DELIMITER = "TRAINHOOK_FUNCTION_EOF"
+SCRIPT_NAME = "ephemeral_script.py"
+# What runs the script, per framework: torchrun takes --nnodes, --node-rank, ... from the PET_* variables.
+ENTRYPOINT = {keys.PYTORCH: ["torchrun"]}
+DEFAULT_ENTRYPOINT = ["python"]
+
+
+def function_script(func: Callable, func_args: dict | None = None) -> str:
+    """The Python program: the function's source, then the call (with the arguments as one dict, if any)."""
+    if not callable(func) or getattr(func, "__name__", "<lambda>") == "<lambda>":
+        raise ValueError("func must be a function defined with def (its source is shipped to the pods)")
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError) as e:
+        raise ValueError(f"cannot read the source of {func.__name__}: {e}") from e
+    if func_args is None:
+        call = f"{func.__name__}()"
+    else:
+        if not isinstance(func_args, dict):
+            raise ValueError("func_args must be a dict (passed to the function as one argument, as Kubeflow does)")
+        call = f"{func.__name__}(json.loads({json.dumps(func_args)!r}))"
+    return f"import json\n\n{source.rstrip()}\n\n\nif __name__ == \"__main__\":\n    {call}\n"
+
+
+def pip_command(packages: list[str], index_url: str | None = None) -> str:
+    index = f"--index-url {shlex.quote(index_url)} " if index_url else ""
+    names = " ".join(shlex.quote(p) for p in packages)
+    return (f"PIP_DISABLE_PIP_VERSION_CHECK=1 python -m pip install --quiet --no-warn-script-location "
+            f"{index}{names}")
+
+
+def function_command(func: Callable, func_args: dict | None = None, framework: str = keys.PYTORCH,
+                     packages_to_install: list[str] | None = None, pip_index_url: str | None = None) -> list[str]:
+    """The container command: `bash -c` writing the function to a file and running it."""
+    script = function_script(func, func_args)
+    if any(line.strip() == DELIMITER for line in script.splitlines()):
+        raise ValueError(f"the function's source contains the line {DELIMITER}")
+    entrypoint = " ".join(ENTRYPOINT.get(framework, DEFAULT_ENTRYPOINT))
+    lines = ["set -e"]
+    if packages_to_install:
+        lines.append(pip_command(packages_to_install, pip_index_url))
+    lines += [
+        'program_path="$(mktemp -d)"',
+        f"cat > \"$program_path/{SCRIPT_NAME}\" <<'{DELIMITER}'",
+        script.rstrip("\n"),
+        DELIMITER,
+        f'exec {entrypoint} "$program_path/{SCRIPT_NAME}"',
+    ]
+    return ["bash", "-c", "\n".join(lines) + "\n"]
