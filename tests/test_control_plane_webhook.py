@@ -200,3 +200,28 @@ def test_indexed_jobs_are_not_available_on_1_20_and_their_pods_are_refused_clear
                 if e.reason == "FailedCreate" and "completion index" in (e.message or "")]
     messages = wait_for(refusal, timeout=30)
     assert "set spec.completionMode: Indexed on the Job" in messages[0]
+
+
+def test_a_priority_class_annotation_reaches_the_api_servers_priority_plugin(wired_cluster, k8s_namespace):  # noqa: F811
+    api_client, ns = wired_cluster["api"], k8s_namespace
+    scheduling = client.SchedulingV1Api(api_client)
+    name = f"train-high-{ns}"
+    scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                      "metadata": {"name": name}, "value": 1000})
+    try:
+        sts = [o for o in example_objects() if o["kind"] == "StatefulSet"][0]
+        sts["metadata"]["annotations"] = {"trainhook.dev/priority-class": name}
+        sts["spec"]["replicas"] = 2
+        client.AppsV1Api(api_client).create_namespaced_stateful_set(ns, sts)
+        pods = gang_pods(api_client, ns, 2)
+        assert [(p.spec.priority_class_name, p.spec.priority) for p in pods] == [(name, 1000)] * 2
+        bare = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "solo", "labels": {"trainhook.dev/framework": "pytorch",
+                                                        "trainhook.dev/job-name": "solo", "trainhook.dev/index": "0"},
+                             "annotations": {"trainhook.dev/replicas": "worker=1",
+                                             "trainhook.dev/priority-class": name}},
+                "spec": {"containers": [{"name": "t", "image": "busybox", "command": ["true"]}]}}
+        created = client.CoreV1Api(api_client).create_namespaced_pod(ns, bare)
+        assert (created.spec.priority_class_name, created.spec.priority) == (name, 1000)
+    finally:
+        scheduling.delete_priority_class(name)

@@ -89,3 +89,19 @@ def test_a_users_priority_class_is_kept():
     assert result.obj["spec"]["priorityClassName"] == "mine"
     assert "kept your mine" in result.warnings[0]
     assert copy.deepcopy(result.obj) == mutate("Pod", "CREATE", result.obj, "team-a", SETTINGS).obj
+
+
+def test_a_workloads_priority_class_goes_on_its_template_for_the_priority_plugin():
+    sts = mutate("StatefulSet", "CREATE", statefulset("p", 2, annotations={"trainhook.dev/priority-class": "high"}),
+                 "team-a", SETTINGS).obj
+    assert sts["spec"]["template"]["spec"]["priorityClassName"] == "high"
+
+
+def test_a_bare_pod_given_a_class_loses_the_no_class_priority_the_plugin_filled_in():
+    from objects import bare_pod
+    pod = bare_pod("b", {"trainhook.dev/job-name": "b", "trainhook.dev/index": "0"},
+                   {"trainhook.dev/replicas": "worker=1", "trainhook.dev/priority-class": "high"})
+    pod["spec"].update(priority=0, preemptionPolicy="PreemptLowerPriority")
+    out = mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj
+    assert out["spec"]["priorityClassName"] == "high"
+    assert "priority" not in out["spec"] and "preemptionPolicy" not in out["spec"]

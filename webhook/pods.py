@@ -10,7 +10,7 @@ import copy
 import re
 
 from trainhook import keys
-from trainhook.webhook.frameworks import framework_env
+from trainhook.webhook.frameworks import framework_env, framework_pod_hook
 from trainhook.webhook.gang import DNS_LABEL, Member, Problems, gang_token, parse_shape
 from trainhook.webhook.scheduling import set_gang_scheduling
 from trainhook.webhook.settings import Settings
@@ -83,7 +83,10 @@ def gpu_count(container: dict) -> int:
 
 
 def port_option(framework: str, annotations: dict, problems: Problems) -> int:
-    text = annotations.get(keys.PORT, str(keys.DEFAULT_PORT[framework]))
+    """The annotation's port, else the framework's default (0 for MPI, which has no master port)."""
+    if keys.PORT not in annotations:
+        return keys.DEFAULT_PORT[framework]
+    text = annotations[keys.PORT]
     if not text.isdigit() or not 0 < int(text) < 65536:
         problems.add(keys.PORT, text, "not a TCP port", "use a number from 1 to 65535")
         return keys.DEFAULT_PORT[framework]
@@ -238,6 +241,7 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     injected = framework_env(member, gpus, problems) + gang_env(member, settings)
     set_address(pod, member, problems)
     set_env(container, injected, warnings)
+    framework_pod_hook(member, spec, container, problems)
     set_tolerations(spec, gpus, settings)
     set_gang_wait(spec, member, settings)
     set_gang_scheduling(pod, member, problems, warnings)

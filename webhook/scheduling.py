@@ -28,20 +28,26 @@ def set_scheduler_name(spec: dict, name: str, problems: Problems) -> None:
     spec["schedulerName"] = name
 
 
-def set_priority_class(spec: dict, member: Member, warnings: list[str]) -> None:
-    wanted = member.option(keys.PRIORITY_CLASS)
+def set_priority_class(spec: dict, wanted: str, warnings: list[str]) -> None:
+    """Workload templates get the class at their own admission, so the API server's Priority plugin resolves
+    it when the controller creates each pod. A bare pod gets it here, after that plugin already filled in the
+    no-class `priority` and `preemptionPolicy`: those are dropped, so its re-invocation computes the class's."""
     if not wanted:
         return
-    current = spec.setdefault("priorityClassName", wanted)
-    if current != wanted:
-        warnings.append(f"spec.priorityClassName: kept your {current}; {keys.PRIORITY_CLASS} asks for {wanted}")
+    if "priorityClassName" not in spec:
+        spec["priorityClassName"] = wanted
+        spec.pop("priority", None)
+        spec.pop("preemptionPolicy", None)
+    elif spec["priorityClassName"] != wanted:
+        warnings.append(f"spec.priorityClassName: kept your {spec['priorityClassName']}; "
+                        f"{keys.PRIORITY_CLASS} asks for {wanted}")
 
 
 def set_gang_scheduling(pod: dict, member: Member, problems: Problems, warnings: list[str]) -> None:
     """Label the pod for its gang scheduler (when `gang-scheduler` names one)."""
     scheduler = member.option(keys.GANG_SCHEDULER)
     spec, meta = pod["spec"], pod["metadata"]
-    set_priority_class(spec, member, warnings)
+    set_priority_class(spec, member.option(keys.PRIORITY_CLASS), warnings)
     if not scheduler:
         return
     if scheduler not in keys.GANG_SCHEDULERS:

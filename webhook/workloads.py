@@ -11,6 +11,7 @@ import copy
 from trainhook import keys
 from trainhook.webhook.frameworks import check_shape
 from trainhook.webhook.gang import Problems, Shape, parse_shape
+from trainhook.webhook.scheduling import set_priority_class
 
 # A real kube-apiserver fills these defaults before admission, so "unset" and "the default" look the same.
 STS_DEFAULT_POLICY = "OrderedReady"
@@ -55,7 +56,7 @@ def workload_shape(obj: dict, framework: str, role: str, replicas: int, field: s
 
 
 def stamp_template(obj: dict, framework: str, job_name: str, role: str, shape: Shape,
-                   problems: Problems) -> None:
+                   problems: Problems, warnings: list[str]) -> None:
     """Labels and annotations every pod of the workload needs at its own admission."""
     meta = obj["spec"].setdefault("template", {}).setdefault("metadata", {})
     labels = meta.setdefault("labels", {})
@@ -69,6 +70,8 @@ def stamp_template(obj: dict, framework: str, job_name: str, role: str, shape: S
         if key in keys.USER_ANNOTATIONS:
             annotations.setdefault(key, value)
     annotations[keys.REPLICAS] = str(shape)
+    set_priority_class(obj["spec"]["template"].setdefault("spec", {}), annotations.get(keys.PRIORITY_CLASS, ""),
+                       warnings)
 
 
 def check_multi_role_names(name: str, job_name: str, role: str, shape: Shape, problems: Problems) -> None:
@@ -95,7 +98,7 @@ def mutate_statefulset(sts: dict, operation: str, warnings: list[str]) -> tuple[
     if len(shape.roles) > 1 and spec["serviceName"] != job_name:
         problems.add("spec.serviceName", spec["serviceName"], "a multi-role gang shares one Service <job-name>",
                      f"set it to {job_name}")
-    stamp_template(sts, framework, job_name, role, shape, problems)
+    stamp_template(sts, framework, job_name, role, shape, problems, warnings)
     if operation == "CREATE" and spec.get("podManagementPolicy", STS_DEFAULT_POLICY) == STS_DEFAULT_POLICY:
         if "podManagementPolicy" in spec:
             warnings.append("spec.podManagementPolicy: OrderedReady (the API server's default) set to Parallel: "
@@ -131,7 +134,7 @@ def mutate_job(job: dict, operation: str, warnings: list[str]) -> tuple[dict, Pr
     if shape is None:
         return job, problems
     check_multi_role_names(job["metadata"].get("name", ""), job_name, role, shape, problems)
-    stamp_template(job, framework, job_name, role, shape, problems)
+    stamp_template(job, framework, job_name, role, shape, problems, warnings)
     job["spec"]["template"].setdefault("spec", {}).setdefault("subdomain", job_name)
     return job, problems
 

@@ -37,6 +37,13 @@ def framework_env(member: Member, gpus: int, problems: Problems) -> list[tuple[s
     return module.build_env(member, gpus, problems) if module else []
 
 
+def framework_pod_hook(member: Member, spec: dict, container: dict, problems: Problems) -> None:
+    """A framework's own changes to the pod spec (`mutate_pod_spec`, e.g. MPI's /etc/mpi volume), if it has any."""
+    module = module_for(member.framework)
+    if module is not None and hasattr(module, "mutate_pod_spec"):
+        module.mutate_pod_spec(member, spec, container, problems)
+
+
 def check_shape(framework: str, shape: Shape, problems: Problems) -> None:
     module = module_for(framework)
     if module is not None and hasattr(module, "check_shape"):
