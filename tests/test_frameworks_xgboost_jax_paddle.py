@@ -26,55 +26,15 @@ import yaml
 from trainhook.webhook.gang import Denied
 from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
+from expected import env, gang_env, stamped, wired
 from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 SETTINGS = Settings(launcher_image="registry.example/launcher:1", wait_timeout=300)
-PORTS = {"xgboost": "9999", "jax": "6666", "paddle": "36543", "mxnet": "9091"}
 
 
 # --- Builders for the expected objects -----------------------------------------------------------------------
-
-def env(**values: str) -> list[dict]:
-    return [{"name": k, "value": v} for k, v in values.items()]
-
-
-def gang_env(framework: str, job: str, role: str, index: int, rank: int, replicas: str, hosts: str,
-             subdomain: str, address: str, port: str | None = None) -> dict:
-    return dict(TRAINHOOK_FRAMEWORK=framework, TRAINHOOK_JOB_NAME=job, TRAINHOOK_NAMESPACE="team-a",
-                TRAINHOOK_ROLE=role, TRAINHOOK_INDEX=str(index), TRAINHOOK_RANK=str(rank),
-                TRAINHOOK_REPLICAS=replicas, TRAINHOOK_HOSTS=hosts, TRAINHOOK_SUBDOMAIN=subdomain,
-                TRAINHOOK_ADDRESS=address, TRAINHOOK_PORT=port or PORTS[framework], TRAINHOOK_GANG_WAIT="dns",
-                TRAINHOOK_GANG_WAIT_PORT="29499", TRAINHOOK_WAIT_TIMEOUT="300")
-
-
-def wait_container(gang: dict) -> dict:
-    return {"name": "trainhook-gang-wait", "image": "registry.example/launcher:1",
-            "command": ["trainhook-launch", "wait"], "env": env(**gang),
-            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                          "limits": {"cpu": "100m", "memory": "128Mi"}},
-            "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
-                                "capabilities": {"drop": ["ALL"]}}}
-
-
-def wired(pod: dict, framework_env: dict, gang: dict, user_env: list | None = None, **spec: object) -> dict:
-    """`pod` as the webhook should return it: env first, the user's after, the gang wait first in init."""
-    pod = copy.deepcopy(pod)
-    pod["spec"]["containers"][0]["env"] = env(**framework_env, **gang) + (user_env or [])
-    pod["spec"]["initContainers"] = [wait_container(gang)]
-    pod["spec"].update(spec)
-    return pod
-
-
-def stamped(sts: dict, replicas: str, role: str = "worker", job: str | None = None) -> dict:
-    """A StatefulSet as the webhook returns it at creation (what its controller then makes pods from)."""
-    sts = copy.deepcopy(sts)
-    meta = sts["spec"]["template"]["metadata"]
-    meta["labels"].update({"trainhook.dev/job-name": job or sts["metadata"]["name"], "trainhook.dev/role": role})
-    meta.setdefault("annotations", {})["trainhook.dev/replicas"] = replicas
-    return sts
-
 
 def labels(framework: str, **more: str) -> dict:
     return {"trainhook.dev/framework": framework, **{f"trainhook.dev/{k.replace('_', '-')}": v

@@ -8,54 +8,21 @@ import pytest
 
 from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
+from expected import env, stamped, wired
+from expected import gang_env as any_gang_env
 from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, service, statefulset
 
 SETTINGS = Settings(launcher_image="registry.example/launcher:1", wait_timeout=300)
 
 
-def env(**values: str) -> list[dict]:
-    return [{"name": k, "value": v} for k, v in values.items()]
+def gang_env(*args, **kwargs) -> dict:
+    return any_gang_env("pytorch", *args, **kwargs)
 
 
 def torch_env(master: str, world: int, rank: int, nproc: str = "1", nnodes: str | None = None) -> dict:
     return dict(MASTER_ADDR=master, MASTER_PORT="23456", WORLD_SIZE=str(world), RANK=str(rank),
                 PET_MASTER_ADDR=master, PET_MASTER_PORT="23456", PET_NNODES=nnodes or str(world),
                 PET_NODE_RANK=str(rank), PET_NPROC_PER_NODE=nproc, PYTHONUNBUFFERED="1")
-
-
-def gang_env(job: str, role: str, index: int, rank: int, replicas: str, hosts: str, subdomain: str,
-             address: str, wait: str = "dns") -> dict:
-    return dict(TRAINHOOK_FRAMEWORK="pytorch", TRAINHOOK_JOB_NAME=job, TRAINHOOK_NAMESPACE="team-a",
-                TRAINHOOK_ROLE=role, TRAINHOOK_INDEX=str(index), TRAINHOOK_RANK=str(rank),
-                TRAINHOOK_REPLICAS=replicas, TRAINHOOK_HOSTS=hosts, TRAINHOOK_SUBDOMAIN=subdomain,
-                TRAINHOOK_ADDRESS=address, TRAINHOOK_PORT="23456", TRAINHOOK_GANG_WAIT=wait,
-                TRAINHOOK_GANG_WAIT_PORT="29499", TRAINHOOK_WAIT_TIMEOUT="300")
-
-
-def wait_container(gang: dict) -> dict:
-    return {"name": "trainhook-gang-wait", "image": "registry.example/launcher:1",
-            "command": ["trainhook-launch", "wait"], "env": env(**gang),
-            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                          "limits": {"cpu": "100m", "memory": "128Mi"}},
-            "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
-                                "capabilities": {"drop": ["ALL"]}}}
-
-
-def wired(pod: dict, framework_env: dict, gang: dict, user_env: list | None = None, **spec: object) -> dict:
-    """`pod` as the webhook should return it: env first, the user's after, the gang wait first in init."""
-    pod = copy.deepcopy(pod)
-    pod["spec"]["containers"][0]["env"] = env(**framework_env, **gang) + (user_env or [])
-    pod["spec"]["initContainers"] = [wait_container(gang)]
-    pod["spec"].update(spec)
-    return pod
-
-
-def stamped(sts: dict, replicas: str, role: str = "worker", job: str | None = None) -> dict:
-    sts = copy.deepcopy(sts)
-    meta = sts["spec"]["template"]["metadata"]
-    meta["labels"].update({"trainhook.dev/job-name": job or sts["metadata"]["name"], "trainhook.dev/role": role})
-    meta.setdefault("annotations", {})["trainhook.dev/replicas"] = replicas
-    return sts
 
 
 STS = statefulset("ddp", 4)

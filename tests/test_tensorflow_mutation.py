@@ -10,6 +10,8 @@ import pytest
 from trainhook.webhook.gang import Denied
 from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
+from expected import env, stamped, wired
+from expected import gang_env as any_gang_env
 from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
 
 SETTINGS = Settings(launcher_image="registry.example/launcher:1", wait_timeout=300)
@@ -17,53 +19,14 @@ TF = {"trainhook.dev/framework": "tensorflow"}
 PS_GANG = "chief=1,ps=2,worker=2"
 
 
-def env(**values: str) -> list[dict]:
-    return [{"name": k, "value": v} for k, v in values.items()]
+def gang_env(*args, **kwargs) -> dict:
+    return any_gang_env("tensorflow", *args, **kwargs)
 
 
 def tf_config(cluster: dict[str, list[str]], role: str, index: int) -> str:
     """TF_CONFIG written out as Kubeflow serializes it (see test_tensorflow_kubeflow.py for the field checks)."""
     return json.dumps({"cluster": cluster, "task": {"type": role, "index": index}, "environment": "cloud"},
                       separators=(",", ":"))
-
-
-def gang_env(job: str, role: str, index: int, rank: int, replicas: str, hosts: str, subdomain: str,
-             address: str, port: str = "2222") -> dict:
-    return dict(TRAINHOOK_FRAMEWORK="tensorflow", TRAINHOOK_JOB_NAME=job, TRAINHOOK_NAMESPACE="team-a",
-                TRAINHOOK_ROLE=role, TRAINHOOK_INDEX=str(index), TRAINHOOK_RANK=str(rank),
-                TRAINHOOK_REPLICAS=replicas, TRAINHOOK_HOSTS=hosts, TRAINHOOK_SUBDOMAIN=subdomain,
-                TRAINHOOK_ADDRESS=address, TRAINHOOK_PORT=port, TRAINHOOK_GANG_WAIT="dns",
-                TRAINHOOK_GANG_WAIT_PORT="29499", TRAINHOOK_WAIT_TIMEOUT="300")
-
-
-def wait_container(gang: dict) -> dict:
-    return {"name": "trainhook-gang-wait", "image": "registry.example/launcher:1",
-            "command": ["trainhook-launch", "wait"], "env": env(**gang),
-            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                          "limits": {"cpu": "100m", "memory": "128Mi"}},
-            "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
-                                "capabilities": {"drop": ["ALL"]}}}
-
-
-def wired(pod: dict, framework_env: dict, gang: dict, user_env: list | None = None, **spec: object) -> dict:
-    """`pod` as the webhook should return it: injected env first, the user's after, the gang wait in init."""
-    pod = copy.deepcopy(pod)
-    pod["spec"]["containers"][0]["env"] = env(**framework_env, **gang) + (user_env or [])
-    pod["spec"]["initContainers"] = [wait_container(gang)]
-    pod["spec"].update(spec)
-    return pod
-
-
-def stamped(obj: dict, replicas: str, role: str = "worker", job: str | None = None,
-            subdomain: str | None = None) -> dict:
-    """A workload as the webhook returns it: identity and shape on the template (and a Job's subdomain)."""
-    obj = copy.deepcopy(obj)
-    meta = obj["spec"]["template"]["metadata"]
-    meta["labels"].update({"trainhook.dev/job-name": job or obj["metadata"]["name"], "trainhook.dev/role": role})
-    meta.setdefault("annotations", {})["trainhook.dev/replicas"] = replicas
-    if subdomain:
-        obj["spec"]["template"]["spec"]["subdomain"] = subdomain
-    return obj
 
 
 def role_job(role: str, count: int, job: str = "mnist", replicas: str = PS_GANG, **kwargs) -> dict:

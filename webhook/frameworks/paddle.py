@@ -17,7 +17,7 @@ webhook's environment is plain values, so that pod gets `127.0.0.1:<port>`, the 
 from __future__ import annotations
 
 from trainhook import keys
-from trainhook.webhook.gang import Member, Problems, Shape
+from trainhook.webhook.gang import Member, Problems, Shape, at_most_one
 
 # Read by paddle.distributed.launch as the defaults of --master, --nnodes and --job_id.
 PADDLE_MASTER = "PADDLE_MASTER"
@@ -31,9 +31,7 @@ LOOPBACK = "127.0.0.1"
 
 
 def check_shape(shape: Shape, problems: Problems) -> None:
-    if shape.count("master") > 1:
-        problems.add(keys.REPLICAS, str(shape), "a PaddlePaddle gang has at most one master (the rendezvous)",
-                     "set master=1 and put the other replicas in the worker role")
+    at_most_one(shape, "master", "a PaddlePaddle gang", problems, why="the rendezvous")
 
 
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:

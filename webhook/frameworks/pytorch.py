@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from trainhook import keys
-from trainhook.webhook.gang import Member, Problems, Shape
+from trainhook.webhook.gang import Member, Problems, Shape, at_most_one
 
 ELASTIC_RANGE = re.compile(r"^(\d+):(\d+)$")
 
@@ -41,9 +41,7 @@ def elastic_range(member: Member, problems: Problems) -> tuple[int, int] | None:
 
 
 def check_shape(shape: Shape, problems: Problems) -> None:
-    if shape.count("master") > 1:
-        problems.add(keys.REPLICAS, str(shape), "a PyTorch gang has at most one master",
-                     "set master=1 and put the other replicas in the worker role")
+    at_most_one(shape, "master", "a PyTorch gang", problems)
 
 
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:

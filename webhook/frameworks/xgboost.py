@@ -16,7 +16,7 @@ MASTER_PORT, RANK and WORLD_SIZE in their own code.
 from __future__ import annotations
 
 from trainhook import keys
-from trainhook.webhook.gang import Member, Problems, Shape
+from trainhook.webhook.gang import Member, Problems, Shape, at_most_one
 
 # Read by LightGBM-style code (Kubeflow's lightgbm-dist example): the other members and their port.
 WORKER_PORT = "WORKER_PORT"
@@ -29,9 +29,7 @@ DMLC_NUM_WORKER = "DMLC_NUM_WORKER"
 
 
 def check_shape(shape: Shape, problems: Problems) -> None:
-    if shape.count("master") > 1:
-        problems.add(keys.REPLICAS, str(shape), "an XGBoost gang has at most one master (it runs the tracker)",
-                     "set master=1 and put the other replicas in the worker role")
+    at_most_one(shape, "master", "an XGBoost gang", problems, why="it runs the tracker")
 
 
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:

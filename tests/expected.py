@@ -1,0 +1,55 @@
+"""Expected objects for the table-driven mutation tests: what the webhook should return, written out plainly
+(never computed by the webhook's own code), shared by every framework's tests."""
+
+from __future__ import annotations
+
+import copy
+
+from trainhook import keys
+
+LAUNCHER_IMAGE = "registry.example/launcher:1"
+WAIT_TIMEOUT = "300"
+
+
+def env(**values: str) -> list[dict]:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def gang_env(framework: str, job: str, role: str, index: int, rank: int, replicas: str, hosts: str,
+             subdomain: str, address: str, port: str | None = None, wait: str = "dns") -> dict:
+    """The TRAINHOOK_* variables of one member, in the order the webhook injects them."""
+    return dict(TRAINHOOK_FRAMEWORK=framework, TRAINHOOK_JOB_NAME=job, TRAINHOOK_NAMESPACE="team-a",
+                TRAINHOOK_ROLE=role, TRAINHOOK_INDEX=str(index), TRAINHOOK_RANK=str(rank),
+                TRAINHOOK_REPLICAS=replicas, TRAINHOOK_HOSTS=hosts, TRAINHOOK_SUBDOMAIN=subdomain,
+                TRAINHOOK_ADDRESS=address, TRAINHOOK_PORT=port or str(keys.DEFAULT_PORT[framework]),
+                TRAINHOOK_GANG_WAIT=wait, TRAINHOOK_GANG_WAIT_PORT="29499", TRAINHOOK_WAIT_TIMEOUT=WAIT_TIMEOUT)
+
+
+def wait_container(gang: dict) -> dict:
+    return {"name": "trainhook-gang-wait", "image": LAUNCHER_IMAGE,
+            "command": ["trainhook-launch", "wait"], "env": env(**gang),
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                          "limits": {"cpu": "100m", "memory": "128Mi"}},
+            "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
+                                "capabilities": {"drop": ["ALL"]}}}
+
+
+def wired(pod: dict, framework_env: dict, gang: dict, user_env: list | None = None, **spec: object) -> dict:
+    """`pod` as the webhook should return it: injected env first, the user's after, the gang wait in init."""
+    pod = copy.deepcopy(pod)
+    pod["spec"]["containers"][0]["env"] = env(**framework_env, **gang) + (user_env or [])
+    pod["spec"]["initContainers"] = [wait_container(gang)]
+    pod["spec"].update(spec)
+    return pod
+
+
+def stamped(obj: dict, replicas: str, role: str = "worker", job: str | None = None,
+            subdomain: str | None = None) -> dict:
+    """A workload as the webhook returns it: identity and shape on the template (and a Job's subdomain)."""
+    obj = copy.deepcopy(obj)
+    meta = obj["spec"]["template"]["metadata"]
+    meta["labels"].update({"trainhook.dev/job-name": job or obj["metadata"]["name"], "trainhook.dev/role": role})
+    meta.setdefault("annotations", {})["trainhook.dev/replicas"] = replicas
+    if subdomain:
+        obj["spec"]["template"]["spec"]["subdomain"] = subdomain
+    return obj
