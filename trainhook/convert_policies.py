@@ -12,9 +12,7 @@ import yaml
 from trainhook import keys
 from trainhook.render import ACTIVE_DEADLINE_SECONDS, MPI_WORKER, ON_FAILURE, Scheduling, mpi_launch
 
-# MPI keys of the contract (section 2) that keys.py does not have yet (issue 5): move them there when it lands.
-MPI_IMPLEMENTATION = keys.PREFIX + "mpi-implementation"
-SLOTS_PER_WORKER = keys.PREFIX + "slots-per-worker"
+MPI_IMPLEMENTATION, SLOTS_PER_WORKER = keys.MPI_IMPLEMENTATION, keys.SLOTS_PER_WORKER
 MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
 # The label Kueue users put on a Kubeflow job to queue it (Kueue's Kubeflow integration).
 KUEUE_QUEUE_LABEL = keys.KUEUE_QUEUE_NAME

@@ -46,8 +46,14 @@ PRIORITY_CLASS = PREFIX + "priority-class"
 # Annotation: the coscheduling plugin's scheduler name (its deployments name their profile).
 SCHEDULER_NAME = PREFIX + "scheduler-name"
 
+# Annotation: the MPI implementation the launcher runs: OpenMPI (default), Intel or MPICH.
+MPI_IMPLEMENTATION = PREFIX + "mpi-implementation"
+# Annotation: MPI slots per worker (default: an integer nproc-per-node, else the pod's GPU count, else 1).
+SLOTS_PER_WORKER = PREFIX + "slots-per-worker"
+
 USER_ANNOTATIONS = (REPLICAS, PORT, NPROC_PER_NODE, ELASTIC, MAX_RESTARTS, CONTAINER, GANG_WAIT,
-                    GANG_SCHEDULER, QUEUE, MIN_AVAILABLE, PRIORITY_CLASS, SCHEDULER_NAME)
+                    GANG_SCHEDULER, QUEUE, MIN_AVAILABLE, PRIORITY_CLASS, SCHEDULER_NAME,
+                    MPI_IMPLEMENTATION, SLOTS_PER_WORKER)
 GANG_SCHEDULERS = ("kueue", "volcano", "coscheduling")
 
 # --- What gang schedulers read on pods (set by the webhook; their objects come from `trainhook render`) --------
