@@ -19,6 +19,7 @@ $(STAMP):
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet tensorflow==2.21.0
 	$(BIN)/pip install --quiet xgboost-cpu==3.2.0 jax==0.10.2 paddlepaddle==3.3.1
+	$(BIN)/pip install --quiet mpi4py==4.1.2 numpy
 	$(BIN)/pip install --quiet -e '.[test]'
 	rm -f $(VENV)/.installed-* && touch $@
 

@@ -13,6 +13,8 @@ import sys
 from typing import Sequence
 
 from trainhook import keys
+from trainhook.launcher import kubexec as kubexec_module
+from trainhook.launcher import mpi_launch
 from trainhook.launcher import run as run_module
 from trainhook.launcher import tf_config as tf_config_module
 from trainhook.launcher import torchrun as torchrun_module
@@ -21,6 +23,9 @@ from trainhook.launcher.gang import ConfigError, parse_gang
 
 EXIT_USAGE = 2
 PASSTHROUGH = ("run", "torchrun")  # subcommands whose arguments belong to the command they start
+# The MPI commands pass everything through too: mpirun's flags, the worker's service, and the ssh-style
+# options mpirun gives its rsh agent (`-o ConnectionAttempts=10 HOST ...`).
+PASSTHROUGH += ("mpirun", "mpi-worker", "kubexec")
 
 DESCRIPTION = """\
 The in-pod side of trainhook. The webhook injects TRAINHOOK_* variables (and the framework's own, such as
@@ -36,7 +41,14 @@ still missing. Defaults come from {keys.TH_GANG_WAIT}, {keys.TH_WAIT_TIMEOUT} an
 RUN_HELP = """\
 Run CMD as a child: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to it, orphaned processes are
 reaped when the launcher is the container's PID 1, and the exit code is CMD's own (128+N when CMD is killed
-by signal N, as a shell reports it; 127 when CMD does not exist)."""
+by signal N, as a shell reports it; 127 when CMD does not exist).
+In a gang (TRAINHOOK_* set by the webhook) the members' launchers coordinate through rank 0's (port 29497,
+messages signed with TRAINHOOK_GANG_TOKEN): the training starts on every member together; when rank 0 exits 0
+the gang succeeded and every member's training ends; when a member fails, every member's training is stopped
+(TRAINHOOK_ON_FAILURE=fail-gang) or restarted together with a fresh rendezvous (restart-gang, codes >= 128,
+up to TRAINHOOK_MAX_RESTARTS times). Then Job pods exit (0, or the gang's code) and StatefulSet pods park
+without rerunning the training; the first pod of a role records the outcome on its workload and scales a
+StatefulSet to zero when its ServiceAccount may. See docs/gang-lifecycle.md."""
 
 TORCHRUN_HELP = f"""\
 Run torchrun (python -m torch.distributed.run) with --nnodes, --nproc-per-node, --node-rank, --master-addr and
@@ -46,6 +58,23 @@ elastic gang ({keys.PET_RDZV_BACKEND} set), --rdzv-backend, --rdzv-endpoint, --r
 instead. torchrun flags given before SCRIPT win over the environment, e.g.
   trainhook-launch torchrun --nproc-per-node 2 train.py --epochs 3
 The command is printed to stderr, then run as `run` runs a command (signals forwarded, exit code kept)."""
+
+
+MPIRUN_HELP = """\
+The launcher of an MPI gang (the `launcher` pod, or worker 0 of a gang without one; on any other pod it serves
+as a worker). Connects to every worker's `mpi-worker` (deadline: $TRAINHOOK_WAIT_TIMEOUT, then exit 1 naming
+the missing ones), writes the hostfile and the rsh agent at the paths the webhook's variables name
+(/etc/mpi/hostfile, /etc/mpi/kubexec.sh), and runs CMD: as given when it starts with mpirun/mpiexec (e.g.
+`trainhook-launch mpirun -- mpirun -np 4 python train.py`), else `mpirun -np <total slots> CMD`. Adds
+--allow-run-as-root (OpenMPI, as root) and -localhost <own address> (Hydra). Exits with mpirun's code (129 when
+a worker went away mid-run) and tells every worker to exit with it. Transport: $TRAINHOOK_MPI_TRANSPORT
+(kubexec, ssh, local), else local inside `trainhook local`, else kubexec."""
+
+MPI_WORKER_HELP = """\
+An MPI worker pod's command: listens on the gang's port ($TRAINHOOK_PORT, else 29498) for the launcher,
+reports its slots ($TRAINHOOK_MPI_SLOTS), keeps the pod up while mpirun's daemons run in it, and exits with the
+launcher's outcome; 129 when the launcher goes away or never comes (within $TRAINHOOK_WAIT_TIMEOUT). SERVICE
+runs beside it for its lifetime, e.g. `trainhook-launch mpi-worker -- /usr/sbin/sshd -De` for the ssh transport."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
                    TORCHRUN_HELP)
     torchrun.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[TORCHRUN FLAGS] [--] SCRIPT [ARGS ...]")
     tf_config_module.add_parser(commands)
-    # The contract's later commands (mpirun, mpi-worker, kubexec) register here the same way, from their modules.
+    mpirun = add("mpirun", "MPI launcher: wait for the workers, write the hostfile, run mpirun, tell the workers",
+                 MPIRUN_HELP)
+    mpirun.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[--] CMD [ARGS ...]")
+    mpi_worker = add("mpi-worker", "MPI worker: stay up for the launcher's daemons, then exit with its outcome",
+                     MPI_WORKER_HELP)
+    mpi_worker.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[-- SERVICE [ARGS ...]]")
+    kubexec = add("kubexec", "the MPI rsh agent: run CMD in POD through the exec API (or ssh, or a local pod)",
+                  kubexec_module.HELP)
+    kubexec.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[--transport T] [SSH OPTIONS] POD [--] CMD ...")
     return parser
 
 
@@ -87,14 +124,17 @@ def do_wait(args: argparse.Namespace) -> int:
 def do_run(args: argparse.Namespace) -> int:
     if not args.cmd:
         raise ConfigError("run needs a command: trainhook-launch run -- CMD [ARGS ...]")
-    return run_module.run_command(args.cmd)
+    return run_module.run(args.cmd)
 
 
 def do_torchrun(args: argparse.Namespace) -> int:
     return torchrun_module.main(args.cmd)
 
 
-HANDLERS = {"wait": do_wait, "run": do_run, "torchrun": do_torchrun, "tf-config": tf_config_module.main}
+HANDLERS = {"wait": do_wait, "run": do_run, "torchrun": do_torchrun, "tf-config": tf_config_module.main,
+            "mpirun": lambda args: mpi_launch.main(args.cmd),
+            "mpi-worker": lambda args: mpi_launch.worker_main(args.cmd),
+            "kubexec": lambda args: kubexec_module.main(args.cmd)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,10 @@ forwards the usual signals to the child, reaps orphans when it is PID 1, and exi
 128+N when the child dies of signal N, as a shell does, because the contract reads 128 and above as
 retryable and 1-127 as permanent.
 
-`run_command` is the seam that gang-wide completion and failure coordination will wrap.
+In a gang (the webhook's TRAINHOOK_* variables are set), `run` is gang-aware: gang_run coordinates every
+member's training (completion, failure, restarts) and runs each attempt as a `Training`, which keeps this
+module's promises (signals forwarded, exit code kept, orphans reaped as PID 1). Outside a gang, `run_command`
+runs the command alone, as it always did.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Mapping, Sequence
+import threading
+from typing import Callable, Mapping, Sequence
+
+from trainhook import keys
 
 # Signals a pod's command should see: Kubernetes' stop (TERM), a terminal's (INT, HUP), and the USR pair that
 # schedulers and checkpointing code use for "save now".
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND = 126, 127  # a shell's codes for a command it cannot start
+TH_ATTEMPT = "TRAINHOOK_ATTEMPT"  # set by the gang-aware launcher on its training (lifecycle.TH_ATTEMPT)
 
 
 def exit_code(status: int) -> int:
@@ -93,3 +100,66 @@ def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> in
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """The `run` command: gang-aware inside a gang, `run_command` otherwise. Inside a gang-aware launcher's
+    training (TRAINHOOK_ATTEMPT set), a nested `run` (`run -- trainhook-launch torchrun ...`) runs its command
+    alone: the outer launcher already speaks for this member."""
+    env = os.environ if env is None else env
+    if not env.get(keys.TH_JOB_NAME, "").strip() or env.get(TH_ATTEMPT, "").strip():
+        return run_command(argv, None if env is os.environ else env)
+    from trainhook.launcher import gang_run  # the gang's machinery is only imported where it is used
+    return gang_run.run_gang(argv, env)
+
+
+class Training:
+    """One attempt's training command for the gang-aware launcher: started in its own process group (so a stop
+    can take every process it started, a dataloader's as much as torchrun's workers), collected on a waiter
+    thread that reports the exit code (128+N for signal N) through `on_exit`. Signals are sent by the caller."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_exit: Callable[[int], None]):
+        self.argv, self.env, self.on_exit = list(argv), dict(env), on_exit
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> int | None:
+        """Start the command; None when it runs, else the shell's code for why it could not (127, 126)."""
+        try:
+            # Its own process group (not session: a container's processes share its session, which is how
+            # `trainhook local` ends a container whole, as a runtime does).
+            if sys.version_info >= (3, 11):
+                self.proc = subprocess.Popen(self.argv, env=self.env, process_group=0)
+            else:  # pragma: no cover - Python 3.10
+                self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=os.setpgrp)
+        except FileNotFoundError:
+            print(f"trainhook-launch: command not found: {self.argv[0]}", file=sys.stderr, flush=True)
+            return EXIT_NOT_FOUND
+        except OSError as e:
+            print(f"trainhook-launch: cannot execute {self.argv[0]}: {e.strerror or e}", file=sys.stderr,
+                  flush=True)
+            return EXIT_CANNOT_EXECUTE
+        threading.Thread(target=self._wait, daemon=True, name="training-waiter").start()
+        return None
+
+    def _wait(self) -> None:
+        assert self.proc is not None
+        status = wait_for(self.proc.pid, reap_all=os.getpid() == 1)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)  # collected here: Popen must not wait again
+        self.kill_group()  # what the command left behind goes with it, so no stale peer outlives an attempt
+        self.on_exit(exit_code(status))
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the command itself (it forwards to its workers, as torchrun does)."""
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.kill(self.proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill_group(self) -> None:
+        """SIGKILL every process of the command's process group."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

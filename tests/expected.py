@@ -34,10 +34,20 @@ def wait_container(gang: dict) -> dict:
                                 "capabilities": {"drop": ["ALL"]}}}
 
 
+def lifecycle_env(pod: dict, **annotated: str) -> dict:
+    """TRAINHOOK_WORKLOAD (the pod's controller, `Pod/<name>` for a bare pod), TRAINHOOK_RESTART_POLICY, and the
+    lifecycle annotations given (e.g. TRAINHOOK_ON_FAILURE="restart-gang")."""
+    owners = pod["metadata"].get("ownerReferences") or []
+    workload = f"{owners[0]['kind']}/{owners[0]['name']}" if owners else f"Pod/{pod['metadata']['name']}"
+    return {"TRAINHOOK_WORKLOAD": workload,
+            "TRAINHOOK_RESTART_POLICY": pod["spec"].get("restartPolicy", "Always"), **annotated}
+
+
 def wired(pod: dict, framework_env: dict, gang: dict, user_env: list | None = None, **spec: object) -> dict:
-    """`pod` as the webhook should return it: injected env first, the user's after, the gang wait in init."""
+    """`pod` as the webhook should return it: injected env first (the framework's, the gang's, the lifecycle's),
+    the user's after, the gang wait in init."""
     pod = copy.deepcopy(pod)
-    pod["spec"]["containers"][0]["env"] = env(**framework_env, **gang) + (user_env or [])
+    pod["spec"]["containers"][0]["env"] = env(**framework_env, **gang, **lifecycle_env(pod)) + (user_env or [])
     pod["spec"]["initContainers"] = [wait_container(gang)]
     pod["spec"].update(spec)
     return pod

@@ -475,14 +475,14 @@ def test_other_modes_give_the_webhook_no_api_access_at_all(rendered, name):
 
 
 @pytest.mark.parametrize("name", list(VALUE_SETS))
-def test_the_training_cluster_role_grants_exec_and_statefulset_scale_only(rendered, name):
+def test_the_training_cluster_role_grants_exec_statefulset_scale_and_outcome_recording_only(rendered, name):
     fullname = find(rendered[name], "Deployment")["metadata"]["name"]
     assert rules_of(rendered[name], "ClusterRole", f"{fullname}-training") == [
         {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
         {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "patch", "update"]},
         {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "verbs": ["get", "patch", "update"]},
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "patch"]},
     ]
 
 

@@ -177,3 +177,14 @@ def test_the_gang_token_is_an_hmac_of_namespace_and_job_under_the_webhooks_key()
     other_namespace = mutate("Pod", "CREATE", pod_of_statefulset(STS_STAMPED, 1), "team-b", keyed).obj
     assert {"name": "TRAINHOOK_GANG_TOKEN", "value": expected} not in other_namespace["spec"]["containers"][0]["env"]
     assert mutate("Pod", "CREATE", pod, "team-a", keyed).obj == pod
+
+
+def test_lifecycle_annotations_reach_the_launcher_as_variables():
+    sts = with_annotation(STS_STAMPED, "trainhook.dev/on-failure", "restart-gang")
+    sts = with_annotation(sts, "trainhook.dev/max-restarts", "2")
+    sts = with_annotation(sts, "trainhook.dev/active-deadline-seconds", "3600")
+    env_list = mutate("Pod", "CREATE", pod_of_statefulset(sts, 0), "team-a", SETTINGS).obj["spec"]["containers"][0]["env"]
+    env = {e["name"]: e["value"] for e in env_list}
+    assert (env["TRAINHOOK_ON_FAILURE"], env["TRAINHOOK_MAX_RESTARTS"], env["TRAINHOOK_ACTIVE_DEADLINE_SECONDS"],
+            env["TRAINHOOK_WORKLOAD"], env["TRAINHOOK_RESTART_POLICY"]) == (
+        "restart-gang", "2", "3600", "StatefulSet/ddp", "Always")

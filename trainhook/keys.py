@@ -46,6 +46,13 @@ PRIORITY_CLASS = PREFIX + "priority-class"
 # Annotation: the coscheduling plugin's scheduler name (its deployments name their profile).
 SCHEDULER_NAME = PREFIX + "scheduler-name"
 
+# Annotation: what the gang does when a member's training fails: fail-gang (default) or restart-gang (up to
+# MAX_RESTARTS times, for exit codes >= 128). Read by the launcher through TH_ON_FAILURE.
+ON_FAILURE = PREFIX + "on-failure"
+FAIL_GANG, RESTART_GANG = "fail-gang", "restart-gang"
+ON_FAILURE_VALUES = (FAIL_GANG, RESTART_GANG)
+# Annotation: seconds the gang may run, from its first start, across restarts (then it fails).
+ACTIVE_DEADLINE_SECONDS = PREFIX + "active-deadline-seconds"
 # Annotation: the MPI implementation the launcher runs: OpenMPI (default), Intel or MPICH.
 MPI_IMPLEMENTATION = PREFIX + "mpi-implementation"
 # Annotation: MPI slots per worker (default: an integer nproc-per-node, else the pod's GPU count, else 1).
@@ -53,8 +60,15 @@ SLOTS_PER_WORKER = PREFIX + "slots-per-worker"
 
 USER_ANNOTATIONS = (REPLICAS, PORT, NPROC_PER_NODE, ELASTIC, MAX_RESTARTS, CONTAINER, GANG_WAIT,
                     GANG_SCHEDULER, QUEUE, MIN_AVAILABLE, PRIORITY_CLASS, SCHEDULER_NAME,
-                    MPI_IMPLEMENTATION, SLOTS_PER_WORKER)
+                    MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ON_FAILURE, ACTIVE_DEADLINE_SECONDS)
 GANG_SCHEDULERS = ("kueue", "volcano", "coscheduling")
+
+# --- Annotations the launcher writes on the workload when the gang's outcome is known --------------------------
+# Never in USER_ANNOTATIONS: copied to the pod template they would roll the pods.
+PHASE = PREFIX + "phase"  # Succeeded | Failed
+PHASE_TIME = PREFIX + "phase-time"  # RFC 3339, UTC
+PHASE_REASON = PREFIX + "phase-reason"  # one line: who ended the gang, and how
+EXIT_CODE = PREFIX + "exit-code"  # the gang's exit code: 0, or the failing member's
 
 # --- What gang schedulers read on pods (set by the webhook; their objects come from `trainhook render`) --------
 # Kueue's plain-pod group integration (kueue.x-k8s.io, v0.6+).
@@ -143,6 +157,18 @@ TH_GANG_WAIT = "TRAINHOOK_GANG_WAIT"
 TH_GANG_WAIT_PORT = "TRAINHOOK_GANG_WAIT_PORT"
 # Seconds the gang wait gives peers before failing with the list of those missing.
 TH_WAIT_TIMEOUT = "TRAINHOOK_WAIT_TIMEOUT"
+# The gang's lifecycle (read by the launcher's `run`): the on-failure policy and restart budget, the deadline
+# (injected only when the annotations are set; the launcher's defaults are fail-gang and 3), the pod's
+# controller `<Kind>/<name>` (`Pod/<name>` for a bare pod) and its restartPolicy (whether a finished member
+# exits, as Job pods do, or parks, as StatefulSet pods must).
+TH_ON_FAILURE = "TRAINHOOK_ON_FAILURE"
+TH_MAX_RESTARTS = "TRAINHOOK_MAX_RESTARTS"
+TH_ACTIVE_DEADLINE = "TRAINHOOK_ACTIVE_DEADLINE_SECONDS"
+TH_WORKLOAD = "TRAINHOOK_WORKLOAD"
+TH_RESTART_POLICY = "TRAINHOOK_RESTART_POLICY"
+# Where rank 0's launcher coordinates the gang (MPI control uses 29498, the gang wait 29499).
+TH_COORDINATOR_PORT = "TRAINHOOK_COORDINATOR_PORT"
+COORDINATOR_PORT = 29497
 # The gang's token: HMAC-SHA256 of `<namespace>/<job-name>` under a key only the webhook holds. The launchers
 # authenticate their coordination messages with it, so nothing outside the gang can end or restart it.
 TH_GANG_TOKEN = "TRAINHOOK_GANG_TOKEN"

@@ -17,18 +17,9 @@ import yaml
 
 from trainhook import keys
 
-# Issue 7's keys (gang completion and failure), not yet in trainhook/keys.py: move them there when it lands.
-# Annotation on the workload: what the gang does when a member fails: fail-gang (default) or restart-gang.
-ON_FAILURE = keys.PREFIX + "on-failure"
-ON_FAILURE_POLICIES = ("fail-gang", "restart-gang")
-# Annotation on the workload: seconds a run may last before the launchers end it.
-ACTIVE_DEADLINE_SECONDS = keys.PREFIX + "active-deadline-seconds"
-# Annotations the launchers write on the workload when the gang ends (launcher/lifecycle.py): the phase
-# (Succeeded or Failed), when, why (who ended the gang, and how) and the gang's exit code.
-PHASE = keys.PREFIX + "phase"
-PHASE_TIME = keys.PREFIX + "phase-time"
-PHASE_REASON = keys.PREFIX + "phase-reason"
-EXIT_CODE = keys.PREFIX + "exit-code"
+ON_FAILURE, ACTIVE_DEADLINE_SECONDS = keys.ON_FAILURE, keys.ACTIVE_DEADLINE_SECONDS
+ON_FAILURE_POLICIES = keys.ON_FAILURE_VALUES
+PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE = keys.PHASE, keys.PHASE_TIME, keys.PHASE_REASON, keys.EXIT_CODE
 
 KINDS = ("statefulset", "job")
 # The schedulers' PodGroup objects (the webhook only labels pods; these come from render and convert).

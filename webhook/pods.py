@@ -12,6 +12,7 @@ import re
 from trainhook import keys
 from trainhook.webhook.frameworks import framework_env, framework_pod_hook
 from trainhook.webhook.gang import DNS_LABEL, Member, Problems, gang_token, parse_shape
+from trainhook.webhook.lifecycle import check_lifecycle_options, lifecycle_env
 from trainhook.webhook.scheduling import set_gang_scheduling
 from trainhook.webhook.settings import Settings
 
@@ -127,6 +128,7 @@ def member_of(pod: dict, namespace: str, problems: Problems) -> Member | None:
         problems.add(keys.REPLICAS, None, "the pod does not say its gang's shape", fix)
     shape = parse_shape(shape_text, framework, problems) if shape_text is not None else None
     port = port_option(framework, annotations, problems)
+    check_lifecycle_options(annotations, problems)
     if annotations.get(keys.GANG_WAIT, "dns") not in keys.GANG_WAIT_MODES:
         problems.add(keys.GANG_WAIT, annotations[keys.GANG_WAIT], "unknown gang-wait mode",
                      f"use one of {', '.join(keys.GANG_WAIT_MODES)}")
@@ -238,7 +240,10 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     if member is None or container is None:
         return pod, problems
     gpus = gpu_count(container)
-    injected = framework_env(member, gpus, problems) + gang_env(member, settings)
+    kind, owner = controller_of(pod)
+    workload = f"{kind}/{owner}" if kind else f"Pod/{pod['metadata'].get('name', '')}"
+    injected = (framework_env(member, gpus, problems) + gang_env(member, settings)
+                + lifecycle_env(member, workload, spec.get("restartPolicy", "Always")))
     set_address(pod, member, problems)
     set_env(container, injected, warnings)
     framework_pod_hook(member, spec, container, problems)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import jsonpatch
@@ -67,6 +68,12 @@ class Reviewed:
     reasons: list[str] = field(default_factory=list)  # the keys a denial names
 
 
+def _json_text(value: Any) -> str:
+    """`json.dumps(value)`, exactly, but several times faster for a str: the diff compares every unchanged
+    leaf of the object by its JSON text (so 1, 1.0 and True stay different), and most leaves are strings."""
+    return encode_basestring_ascii(value) if type(value) is str else json.dumps(value)
+
+
 def _response(uid: str, **fields: Any) -> dict:
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": {"uid": uid, **fields}}
 
@@ -89,7 +96,7 @@ def review(body: Any, settings: Settings) -> Reviewed:
         # A field of an unexpected type deep inside the object: the review is malformed, not the webhook.
         raise BadReview(f"request.object has a field of an unexpected type or value: {e!r}") from e
     answer: dict[str, Any] = {"allowed": True}
-    patch = jsonpatch.make_patch(obj, mutation.obj).patch
+    patch = jsonpatch.JsonPatch.from_diff(obj, mutation.obj, dumps=_json_text).patch
     if patch:
         answer["patchType"] = "JSONPatch"
         answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()

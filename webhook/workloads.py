@@ -11,6 +11,7 @@ import copy
 from trainhook import keys
 from trainhook.webhook.frameworks import check_shape
 from trainhook.webhook.gang import Problems, Shape, parse_shape
+from trainhook.webhook.lifecycle import check_lifecycle_options
 from trainhook.webhook.scheduling import set_priority_class
 
 # A real kube-apiserver fills these defaults before admission, so "unset" and "the default" look the same.
@@ -70,6 +71,7 @@ def stamp_template(obj: dict, framework: str, job_name: str, role: str, shape: S
         if key in keys.USER_ANNOTATIONS:
             annotations.setdefault(key, value)
     annotations[keys.REPLICAS] = str(shape)
+    check_lifecycle_options(annotations, problems)
     set_priority_class(obj["spec"]["template"].setdefault("spec", {}), annotations.get(keys.PRIORITY_CLASS, ""),
                        warnings)
 

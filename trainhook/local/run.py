@@ -7,6 +7,7 @@ half (needs root: network namespaces). The CLI glues them together and prints th
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import sys
 from collections.abc import Callable
@@ -128,12 +129,41 @@ def prepare_pods(state: ClusterState, manifest: Manifest, network: Network, run_
         except EnvError as e:  # the kubelet's CreateContainerConfigError, named by pod
             raise EnvError(f"pod {name}: {e}") from e
         built.save(pod_dir)
+        (pod_dir / POD_FILE).write_text(json.dumps(pod, indent=1))  # the stored pod, as a kubelet reads it
         local.append(built)
     return local
 
 
+POD_FILE = "pod.json"
+OUTCOME_FILE = "outcome.json"
+
+
+def restart_policy(pod_dir: Path) -> str:
+    """The pod's spec.restartPolicy (the API server's default, Always, when unset)."""
+    try:
+        spec = json.loads((pod_dir / POD_FILE).read_text()).get("spec") or {}
+    except (OSError, ValueError):
+        return "Always"
+    return spec.get("restartPolicy") or "Always"
+
+
+def outcome_document(result: RunResult) -> dict:
+    """What `trainhook local` leaves in RUN_DIR/outcome.json: the run's and every gang's outcome, per pod."""
+    return {
+        "exitCode": result.exit_code, "reason": result.reason, "firstFailure": result.first_failure,
+        "gangs": result.gangs,
+        "pods": [{"name": p.name, "rank": p.rank, "exitCode": p.exit_code, "reason": p.reason,
+                  "restarts": p.restarts, "gang": p.gang} for p in result.pods],
+    }
+
+
 def run_pods(pods: list[LocalPod], run_dir: Path, timeout: float | None, grace_seconds: float | None,
              stream: BinaryIO | None = None) -> RunResult:
-    """Run the pods to the end (see supervisor); output lines go to `stream` (default stdout)."""
+    """Run the pods to the end (see supervisor); output lines go to `stream` (default stdout). Containers are
+    restarted per each pod's restartPolicy (read from the stored pod that `prepare_pods` kept in its directory);
+    the outcome is also written to RUN_DIR/outcome.json."""
     output = Output(stream or sys.stdout.buffer, run_dir / "logs")
-    return asyncio.run(Supervisor(pods, output, timeout, grace_seconds).run())
+    policies = {pod.name: restart_policy(run_dir / "pods" / pod.name) for pod in pods}
+    result = asyncio.run(Supervisor(pods, output, timeout, grace_seconds, policies, run_dir).run())
+    (run_dir / OUTCOME_FILE).write_text(json.dumps(outcome_document(result), indent=1))
+    return result

@@ -2,18 +2,29 @@
 
 Per pod: init containers one by one (sidecars, `restartPolicy: Always`, are started and left running), then all
 containers at once; the pod is done when its containers have exited, and its sidecars are then stopped.
-The run ends when every pod is done, when a training or init container fails (the others get SIGTERM, then
-SIGKILL after the grace period), on the timeout, or on SIGINT/SIGTERM. Each container runs once: a restart
-policy, when added, belongs in `_run_pod` (the place a kubelet's pod worker loops).
 
-A container's process is started in its own session, and when it exits the rest of its process group is
-killed, as a runtime tears a container down when its main process ends. SIGTERM goes to the main process only,
-as the kubelet sends it, so the program gets the chance to forward it (torchrun does).
+Two kinds of training container:
+- Gang-aware ones run under `trainhook-launch run`, whose launcher keeps its state in a status file the runner
+  names in TRAINHOOK_LOCAL_STATUS (RUN_DIR/pods/POD/status/CONTAINER.json). They are restarted per the pod's
+  restartPolicy (Always, OnFailure, Never) with a short backoff, as the kubelet restarts them, for as long as
+  their gang's outcome is not known. Their failures do not stop the run: their launchers coordinate the gang.
+  The run ends when every pod is settled: its containers have exited for good, or its launcher is parked
+  (the gang is done and the launcher stays up so that its container is not rerun); parked containers are then
+  stopped. The run's outcome is the gangs' outcome, as their launchers recorded it.
+- Any other training container runs once, and the runner keeps its own gang rule for it: the first failure
+  stops every pod (a cluster would restart it; nothing coordinates such a gang).
+The run also ends on the timeout, or on SIGINT/SIGTERM.
+
+A container's process is started in its own session, and when it exits every process of that session is killed,
+as a runtime tears a container down when its main process ends (the launcher puts the training in its own
+process group, within the container's session). SIGTERM goes to the main process only, as the kubelet sends it,
+so the program gets the chance to forward it (torchrun does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -21,10 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from trainhook.launcher.lifecycle import TH_LOCAL_STATUS
 from trainhook.local.pods import ContainerSpec, LocalPod
 
 EXIT_TIMEOUT = 124
 _CHUNK = 65536
+RESTART_BACKOFF, MAX_BACKOFF = 0.5, 10.0  # the kubelet's is 10 s doubling to 5 min; a local run keeps it short
+WATCH_EVERY = 0.2
+PARKED = "parked"
 
 
 async def exited(proc: asyncio.subprocess.Process, poll: float = 0.05) -> int:
@@ -49,11 +64,12 @@ class ContainerResult:
     started: float | None = None
     finished: float | None = None
     stopped: bool = False  # the supervisor sent it SIGTERM (the run was ending, or it was a sidecar)
+    gang_aware: bool = False  # run under `trainhook-launch run`: its gang's outcome judges it, not its code
 
     @property
     def failed(self) -> bool:
         """Exited non-zero on its own (not because it was told to stop)."""
-        return bool(self.exit_code) and not self.stopped and self.kind != "sidecar"
+        return bool(self.exit_code) and not self.stopped and self.kind != "sidecar" and not self.gang_aware
 
 
 @dataclass
@@ -61,16 +77,27 @@ class PodResult:
     name: str
     rank: str
     containers: list[ContainerResult] = field(default_factory=list)
-    reason: str = "Pending"  # Completed, Error, Init:Error, Terminated, Pending
+    reason: str = "Pending"  # Completed, Error, Init:Error, Terminated, Parked, Pending
+    training: str = ""  # the training container's name
+    training_exit: int | None = None  # a gang-aware pod's training command's last exit code (its launcher's)
+    gang: str = ""  # namespace/job of a gang-aware pod
 
     @property
     def exit_code(self) -> int | None:
-        """The training container's exit code, or the failed init container's."""
+        """The training's exit code (a gang-aware pod's training command's own), or the failed init container's."""
         failed_init = [c for c in self.containers if c.kind == "init" and c.exit_code]
         if failed_init:
             return failed_init[0].exit_code
-        training = [c for c in self.containers if c.kind == "main"]
+        if self.training_exit is not None:
+            return self.training_exit
+        training = [c for c in self.containers if c.kind == "main" and c.name == self.training] or \
+            [c for c in self.containers if c.kind == "main"]
         return training[0].exit_code if training else None
+
+    @property
+    def restarts(self) -> int:
+        """How often the training container was restarted (the kubelet's restartCount)."""
+        return max(0, len([c for c in self.containers if c.kind == "main" and c.name == self.training]) - 1)
 
     @property
     def duration(self) -> float | None:
@@ -84,7 +111,8 @@ class RunResult:
     pods: list[PodResult]
     exit_code: int
     reason: str  # Succeeded, Failed, Timeout, Interrupted
-    first_failure: str = ""  # "pod/container exited with N"
+    first_failure: str = ""  # "pod/container exited with N", or "gang NS/JOB failed: ..."
+    gangs: dict[str, dict] = field(default_factory=dict)  # "namespace/job" -> its outcome, as its launchers say
 
 
 class Output:
@@ -128,12 +156,18 @@ class Output:
 
 class Supervisor:
     def __init__(self, pods: list[LocalPod], output: Output, timeout: float | None = None,
-                 grace_seconds: float | None = None):
+                 grace_seconds: float | None = None, restart_policies: dict[str, str] | None = None,
+                 run_dir: Path | None = None):
         self.pods = pods
         self.output = output
         self.timeout = timeout
         self.grace_override = grace_seconds
-        self.results = {p.name: PodResult(p.name, p.rank) for p in pods}
+        self.restart_policies = restart_policies or {}  # pod name -> spec.restartPolicy; Never when absent
+        self.run_dir = run_dir or output.log_dir.parent
+        self.results = {p.name: PodResult(p.name, p.rank, training=p.training_container.name if p.containers else "")
+                        for p in pods}
+        self._settled: set[str] = set()  # pods whose containers have exited for good
+        self._parked: set[str] = set()  # pods whose launchers were parked when the run ended
         self._live: dict[asyncio.subprocess.Process, LocalPod] = {}
         self._records: dict[asyncio.subprocess.Process, ContainerResult] = {}
         self._stopping = False
@@ -152,7 +186,11 @@ class Supervisor:
                 handled.append(signum)
             except (RuntimeError, ValueError):  # not the main thread: the caller handles signals
                 pass
+        for pod in self.pods:  # a kept --workdir must not carry an earlier run's launcher states
+            for spec in pod.containers:
+                self.status_path(pod, spec).unlink(missing_ok=True)
         pod_tasks = [asyncio.create_task(self._run_pod(pod)) for pod in self.pods]
+        watcher = asyncio.create_task(self._watch_gangs())
         try:
             done, pending = await asyncio.wait(pod_tasks, timeout=self.timeout)
             if pending:
@@ -162,27 +200,99 @@ class Supervisor:
             while self._stop_tasks:
                 await asyncio.gather(*list(self._stop_tasks))
         finally:
+            watcher.cancel()
             for signum in handled:
                 loop.remove_signal_handler(signum)
             self.kill_all()
         return self._outcome()
 
+    # --- gangs: the launchers' status files ---------------------------------------------------------------
+    def status_path(self, pod: LocalPod, spec: ContainerSpec) -> Path:
+        return self.run_dir / "pods" / pod.name / "status" / f"{spec.name}.json"
+
+    def read_status(self, pod: LocalPod) -> dict | None:
+        """The training container's launcher state (gang_run.Member.status), or None when it keeps none."""
+        if not pod.containers:
+            return None
+        try:
+            data = json.loads(self.status_path(pod, pod.training_container).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    async def _watch_gangs(self) -> None:
+        """End the run once every pod is settled and some are parked (parked launchers never exit alone)."""
+        while not self._stopping:
+            await asyncio.sleep(WATCH_EVERY)
+            states = {pod.name: self.read_status(pod) for pod in self.pods}
+            parked = {name for name, state in states.items() if state and state.get("state") == PARKED
+                      and state.get("outcome") and self._alive(name)}
+            if parked and all(pod.name in self._settled or pod.name in parked for pod in self.pods):
+                self._parked = parked
+                self.output.line(b"", b"trainhook local: every gang is done and every pod has exited or parked; "
+                                      b"stopping the parked pods")
+                self._stop("Succeeded", 0, "")
+                return
+
+    def _alive(self, pod_name: str) -> bool:
+        return any(pod.name == pod_name for pod in self._live.values())
+
+    def _gang_outcomes(self) -> dict[str, dict]:
+        """namespace/job -> the outcome its launchers recorded, with the pod that decided it."""
+        gangs: dict[str, dict] = {}
+        for pod in self.pods:
+            state = self.read_status(pod)
+            if not state:
+                continue
+            result = self.results[pod.name]
+            result.gang = f"{state.get('namespace')}/{state.get('job')}"
+            result.training_exit = state.get("training_code")
+            if pod.name in self._parked and result.reason in ("Terminated", "Running"):
+                result.reason = "Parked"
+            outcome = state.get("outcome")
+            if outcome and result.gang not in gangs:
+                gangs[result.gang] = dict(outcome)
+        for gang, outcome in gangs.items():
+            deciding = [p for p in self.pods if self.results[p.name].gang == gang
+                        and self.results[p.name].rank == str(outcome.get("rank"))]
+            outcome["pod"] = deciding[0].name if deciding else ""
+        return gangs
+
     def _outcome(self) -> RunResult:
         pods = [self.results[p.name] for p in self.pods]
+        gangs = self._gang_outcomes()
+        for name, outcome in gangs.items():
+            restarts = outcome.get("restarts") or 0
+            self.output.line(b"", (f"trainhook local: gang {name} {str(outcome.get('phase', '')).lower()} "
+                                   f"(exit {outcome.get('code')}; attempt {outcome.get('attempt')}, {restarts} gang "
+                                   f"restart{'s' if restarts != 1 else ''}): {outcome.get('reason')}").encode())
         if self._reason == "Succeeded":
+            failed_gangs = [(name, o) for name, o in gangs.items() if o.get("phase") != "Succeeded"]
+            if failed_gangs:
+                name, outcome = min(failed_gangs, key=lambda item: str(item[1].get("time")))
+                pod = f" [pod {outcome['pod']}]" if outcome.get("pod") else ""
+                return RunResult(pods, int(outcome.get("code") or 1), "Failed",
+                                 f"gang {name} failed: {outcome.get('reason')}{pod}", gangs)
+            undecided = [p for p in self.pods if self.results[p.name].gang and self.results[p.name].gang not in gangs]
+            if undecided:
+                result = self.results[undecided[0].name]
+                code = next((c.exit_code for c in reversed(result.containers)
+                             if c.kind == "main" and c.name == result.training), None) or 1
+                return RunResult(pods, code, "Failed", f"gang {result.gang}: {result.name}'s launcher exited with "
+                                 f"{code} before the gang had an outcome", gangs)
             # No training container failed, but another one may have: the run still did not succeed.
             failed = sorted(((c.finished or 0, p.name, c) for p in pods for c in p.containers if c.failed),
                             key=lambda item: item[:2])
             if failed:
                 _, name, record = failed[0]
                 return RunResult(pods, record.exit_code or 1, "Failed",
-                                 f"{name}/{record.name} exited with {record.exit_code}")
-        return RunResult(pods, self._exit_code, self._reason, self._first_failure)
+                                 f"{name}/{record.name} exited with {record.exit_code}", gangs)
+        return RunResult(pods, self._exit_code, self._reason, self._first_failure, gangs)
 
     def kill_all(self) -> None:
         """SIGKILL every process group still alive (the last resort of every exit path)."""
         for proc in list(self._live):
-            _killpg(proc.pid, signal.SIGKILL)
+            _kill_session(proc.pid)
 
     # --- ending the run -----------------------------------------------------------------------------------
     def _interrupted(self, code: int) -> None:
@@ -220,7 +330,7 @@ class Supervisor:
                 await asyncio.wait_for(exited(proc), timeout=grace)
             except asyncio.TimeoutError:
                 pass
-        _killpg(proc.pid, signal.SIGKILL)
+        _kill_session(proc.pid)
 
     def _failed(self, pod: LocalPod, spec: ContainerSpec, code: int) -> None:
         if not self._stopping:
@@ -250,13 +360,43 @@ class Supervisor:
                 break
         if initialized and not self._stopping:
             result.reason = "Running"
-            await asyncio.gather(*(self._run_container(pod, s, result) for s in pod.containers))
+            await asyncio.gather(*(self._run_restarting(pod, s, result) for s in pod.containers))
             mains = [c for c in result.containers if c.kind == "main"]
-            result.reason = ("Error" if any(c.failed for c in mains) else
-                             "Terminated" if any(c.stopped for c in mains) else "Completed")
+            last = {c.name: c for c in mains}.values()  # each container's last run
+            result.reason = ("Error" if any(c.failed or (c.gang_aware and c.exit_code and not c.stopped)
+                                            for c in last) else
+                             "Terminated" if any(c.stopped for c in last) else "Completed")
         elif result.reason in ("Pending", "Init:Running"):
             result.reason = "Terminated" if result.containers else "Pending"
+        self._settled.add(pod.name)
         await self._stop_sidecars(pod, sidecars)
+
+    async def _run_restarting(self, pod: LocalPod, spec: ContainerSpec, result: PodResult) -> None:
+        """Run a container, and run it again as the kubelet would when it is gang-aware and its gang's outcome is
+        not known yet (restartPolicy Always: whatever the exit; OnFailure: a non-zero exit)."""
+        backoff = RESTART_BACKOFF
+        policy = self.restart_policies.get(pod.name, "Never")
+        while True:
+            code = await self._run_container(pod, spec, result)
+            if code is None or self._stopping or not result.containers[-1].gang_aware:
+                return
+            if not (policy == "Always" or (policy == "OnFailure" and code != 0)):
+                return
+            state = self.read_status(pod) or {}
+            prefix = f"[{pod.name}] ".encode()
+            if state.get("outcome"):
+                self.output.line(prefix, f"trainhook local: container {spec.name} exited with {code} after its "
+                                         f"gang's outcome was known; not restarting it (restartPolicy "
+                                         f"{policy})".encode())
+                return
+            self.output.line(prefix, f"trainhook local: container {spec.name} exited with {code}; restarting it "
+                                     f"in {backoff:g}s (restartPolicy {policy})".encode())
+            end = time.monotonic() + backoff
+            while time.monotonic() < end and not self._stopping:
+                await asyncio.sleep(0.05)
+            if self._stopping:
+                return
+            backoff = min(backoff * 2, MAX_BACKOFF)
 
     async def _stop_sidecars(self, pod: LocalPod, sidecars: list[asyncio.Task]) -> None:
         for proc, owner in list(self._live.items()):
@@ -273,10 +413,15 @@ class Supervisor:
         prefix = pod.name if spec.training else f"{pod.name}/{spec.name}"
         log_path = self.output.log_path(pod.name, spec.name)
         argv = pod.entry_argv(spec)
+        env = spec.env
+        status = self.status_path(pod, spec)
+        if spec.training and spec.kind == "main":
+            status.parent.mkdir(parents=True, exist_ok=True)
+            env = {**spec.env, TH_LOCAL_STATUS: str(status)}
         record.started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, env=spec.env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         except OSError as e:
             self.output.line(f"[{prefix}] ".encode(), f"cannot start: {e}".encode())
@@ -292,7 +437,7 @@ class Supervisor:
             returncode = await exited(proc)
         finally:
             # The main process is gone: the rest of the container goes with it.
-            _killpg(proc.pid, signal.SIGKILL)
+            _kill_session(proc.pid)
             self._live.pop(proc, None)
             self._records.pop(proc, None)
         try:
@@ -301,9 +446,26 @@ class Supervisor:
         except asyncio.TimeoutError:
             pass
         record.exit_code, record.finished = exit_code(returncode), time.monotonic()
-        if record.exit_code != 0 and (spec.training or spec.kind == "init"):
+        record.gang_aware = spec.training and spec.kind == "main" and status.exists()
+        if record.exit_code != 0 and (spec.training or spec.kind == "init") and not record.gang_aware:
             self._failed(pod, spec, record.exit_code)
         return record.exit_code
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (a container's: its main process started it), whatever process
+    group it moved to, as a container runtime kills every process of a container."""
+    _killpg(sid, signal.SIGKILL)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+            if int(fields[3]) == sid:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -1,0 +1,447 @@
+"""The gang's coordinator: rank 0's launcher decides, for the whole gang, when to start, stop, restart and end.
+
+`GangState` is the decision logic, pure: events in (a member joined, reported, went away; time passed),
+messages out (`outbox`: (rank, body)) and log lines out. `Coordinator` is its transport: a TCP server on the
+coordinator port (29497) speaking gang_protocol, one thread per member connection, one for time.
+
+The rules (contract section 7):
+- The first attempt starts when every member has joined (a barrier, so every member's failure is watched from
+  the first second); members that do not join within the gang wait's timeout fail the gang, by name.
+- Rank 0 exiting 0 ends the gang: Succeeded. A member exiting 0 before rank 0 has finished its part and waits.
+- A member exiting non-zero, or its launcher going away mid-run, fails the gang: every member is told at once
+  (`done`), or, under restart-gang with a retryable code (128 and above) and budget left, every running member
+  is told to stop and the next attempt starts when all have stopped and are connected (a fresh rendezvous).
+- The active deadline fails the gang (exit 124) however many attempts it took.
+- A member that joins once the gang is done is told the outcome and never runs; one that joins after it
+  finished its part of the current attempt (its container restarted) is told so and does not run it again.
+- A coordinator that starts while members report an attempt already under way is a restarted rank 0: its
+  training was lost, which is handled as rank 0 failing with 129. An outcome any member reports is adopted.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from trainhook.launcher import gang_protocol as wire
+from trainhook.launcher.gang import Gang
+from trainhook.launcher.lifecycle import (ACTIVE_DEADLINE_SECONDS, EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED,
+                                          FAILED, RESTART_GANG, SUCCEEDED, Outcome, Policy, now_rfc3339, retryable)
+from trainhook.launcher.wait import describe, listen
+
+# A member's status, as it reports it (and as the coordinator records it).
+IDLE, RUNNING, EXITED, STOPPED, DONE = "idle", "running", "exited", "stopped", "done"
+STATUSES = (IDLE, RUNNING, EXITED, STOPPED, DONE)
+ASSEMBLING, RUNNING_PHASE, RESTARTING, DONE_PHASE = "assembling", "running", "restarting", "done"
+TICK = 0.5
+
+
+@dataclass
+class Report:
+    """A member's account of itself: sent on joining and whenever it changes."""
+
+    attempt: int = 0
+    status: str = IDLE
+    code: int | None = None
+    restarts: int = 0
+    since: float | None = None  # wall-clock time the gang's first attempt started, as this member knows it
+    outcome: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {"attempt": self.attempt, "status": self.status, "code": self.code, "restarts": self.restarts,
+                "since": self.since, "outcome": self.outcome}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Report:
+        """A report from the wire; ValueError for anything malformed (signed by a member, but still checked)."""
+        if not isinstance(data, dict):
+            raise ValueError("report is not an object")
+        status = data.get("status")
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        attempt, restarts, code = data.get("attempt", 0), data.get("restarts", 0), data.get("code")
+        since, outcome = data.get("since"), data.get("outcome")
+        if not isinstance(attempt, int) or not isinstance(restarts, int) or attempt < 0 or restarts < 0:
+            raise ValueError("attempt and restarts must be non-negative integers")
+        if code is not None and not isinstance(code, int):
+            raise ValueError("code must be an integer")
+        if since is not None and not isinstance(since, (int, float)):
+            raise ValueError("since must be a number")
+        if outcome is not None:
+            Outcome.from_dict(outcome)
+        return cls(attempt, status, code, restarts, since, outcome)
+
+
+@dataclass
+class Record:
+    """What the coordinator knows of one member."""
+
+    connection: int = 0  # the live connection's id; 0 when the member is not connected
+    attempt: int = 0
+    status: str = IDLE
+    code: int | None = None
+    acked: bool = False  # it acknowledged the outcome
+    told: int = 0  # the connection it was last told the outcome on
+
+
+@dataclass
+class GangState:
+    gang: Gang
+    policy: Policy
+    now: float  # wall-clock time of creation (the first barrier starts here)
+    phase: str = ASSEMBLING
+    attempt: int = 0
+    restarts: int = 0
+    since: float | None = None
+    barrier_since: float = 0.0
+    outcome: Outcome | None = None
+    records: list[Record] = field(default_factory=list)
+    outbox: list[tuple[int, dict]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.records = [Record() for _ in self.gang.peers]
+        self.barrier_since = self.now
+
+    # --- events ---------------------------------------------------------------------------------------------
+    def adopt(self, outcome: Outcome, source: str) -> None:
+        """An outcome decided before this coordinator started (a marker, the workload's annotation, a member)."""
+        if self.outcome is None:
+            self.log.append(f"the gang is already done ({source}): {outcome.summary()}")
+            self._finish(outcome, announce=False)
+
+    def joined(self, rank: int, connection: int, report: Report) -> None:
+        record = self.records[rank]
+        if record.connection and record.connection != connection:
+            self.log.append(f"{self.gang.peers[rank]} connected again: its previous launcher is gone")
+            self.lost(rank, record.connection)
+        record.connection = connection
+        self._learn(rank, report)
+        if self.outcome is not None:
+            self._tell_outcome(rank)
+            return
+        current = self.phase == RUNNING_PHASE and record.attempt == self.attempt and report.attempt < self.attempt
+        finished = current and record.status == EXITED and record.code == 0
+        if finished:  # a restarted launcher of a member that already finished this attempt: it must not rerun it
+            self.log.append(f"{self.gang.peers[rank]} rejoined; it finished its part of attempt {self.attempt} "
+                            f"already and will not run it again")
+        elif current and record.status == RUNNING:
+            record.status, record.code = report.status, report.code
+            self._failure(rank, EXIT_LOST, f"{self.gang.peers[rank]} lost its training (its launcher restarted)")
+        else:
+            self._take(rank, report)
+        self.outbox.append((rank, {"type": "welcome", "attempt": self.attempt, "phase": self.phase,
+                                   "restarts": self.restarts, "since": self.since, "finished": finished}))
+        self._advance()
+
+    def reported(self, rank: int, connection: int, report: Report) -> None:
+        record = self.records[rank]
+        if connection != record.connection:
+            return  # a connection already replaced
+        self._learn(rank, report)
+        if self.outcome is not None:
+            if report.status == DONE:
+                record.acked = True
+            else:
+                self._tell_outcome(rank)
+            return
+        self._take(rank, report)
+        self._advance()
+
+    def lost(self, rank: int, connection: int) -> None:
+        record = self.records[rank]
+        if connection != record.connection:
+            return
+        record.connection = 0
+        if self.outcome is None and self.phase == RUNNING_PHASE and record.attempt == self.attempt \
+                and record.status == RUNNING:
+            self._failure(rank, EXIT_LOST, f"{self.gang.peers[rank]}: its launcher went away (pod deleted or "
+                                           f"evicted, container killed, or node lost)")
+        self._advance()
+
+    def tick(self, now: float) -> None:
+        self.now = now
+        if self.outcome is not None:
+            return
+        if self.policy.deadline and self.since is not None and now - self.since > self.policy.deadline:
+            self._finish(Outcome(FAILED, EXIT_DEADLINE, f"DeadlineExceeded: the gang ran longer than "
+                                 f"{ACTIVE_DEADLINE_SECONDS}={self.policy.deadline:g}s", 0, now_rfc3339(),
+                                 self.attempt, self.restarts))
+            return
+        if self.phase in (ASSEMBLING, RESTARTING) and now - self.barrier_since > self.policy.join_timeout:
+            missing = [self.gang.peers[r] for r, rec in enumerate(self.records)
+                       if not rec.connection or rec.status == RUNNING]
+            verb = "join" if self.phase == ASSEMBLING else "come back for the restart"
+            hint = ("; does every member's command run under `trainhook-launch run`?" if self.phase == ASSEMBLING
+                    else "")
+            self._finish(Outcome(FAILED, EXIT_NOT_ASSEMBLED, f"{len(missing)} member(s) did not {verb} within "
+                                 f"{self.policy.join_timeout:g}s: {describe(missing)}{hint}", missing[0].rank
+                                 if missing else 0, now_rfc3339(), self.attempt, self.restarts))
+
+    # --- helpers ----------------------------------------------------------------------------------------------
+    def delivered(self) -> bool:
+        """Every member has acknowledged the outcome."""
+        return self.outcome is not None and all(r.acked for r in self.records)
+
+    def _learn(self, rank: int, report: Report) -> None:
+        """Take what a member knows and this coordinator does not (after rank 0's launcher restarted)."""
+        if report.outcome is not None and self.outcome is None:
+            self.adopt(Outcome.from_dict(report.outcome), f"{self.gang.peers[rank]} reports it")
+            return
+        if self.since is None or (report.since is not None and report.since < self.since):
+            self.since = report.since if report.since is not None else self.since
+        self.restarts = max(self.restarts, report.restarts)
+        if report.attempt > self.attempt and self.outcome is None:
+            # The gang was under way before this coordinator: rank 0's launcher restarted and its training is
+            # gone with it. Every member stops its training when it loses the coordinator.
+            # (The members that joined before knew of no attempt, so they run nothing; this one's record is
+            # taken from its report right after, which sends it a stop if it still runs.)
+            self.attempt = report.attempt
+            self.phase = RUNNING_PHASE
+            self._failure(0, EXIT_LOST, f"{self.gang.peers[0]}: its launcher restarted during attempt "
+                                        f"{self.attempt} (its container was restarted or its pod replaced)")
+
+    def _take(self, rank: int, report: Report) -> None:
+        """A member's news. About another attempt than the current one, only whether it still runs something
+        matters (the barrier waits for that; during a running attempt the start is already on its way)."""
+        record = self.records[rank]
+        if report.attempt != self.attempt:
+            if self.phase != RUNNING_PHASE:
+                record.status, record.code = (RUNNING if report.status == RUNNING else IDLE), None
+                if report.status == RUNNING:
+                    self.outbox.append((rank, {"type": "stop", "attempt": report.attempt,
+                                               "why": "the gang is restarting"}))
+            return
+        before = (record.status, record.code)
+        record.attempt, record.status, record.code = report.attempt, report.status, report.code
+        if self.phase == RESTARTING and record.status == RUNNING and before[0] != RUNNING:
+            self.outbox.append((rank, {"type": "stop", "attempt": self.attempt, "why": "the gang is restarting"}))
+        if self.phase != RUNNING_PHASE or record.status not in (EXITED, STOPPED) or before == (record.status,
+                                                                                                record.code):
+            return
+        peer = self.gang.peers[rank]
+        if record.code == 0 and record.status == EXITED:
+            if rank == 0:
+                self._finish(Outcome(SUCCEEDED, 0, f"{peer} exited 0", 0, now_rfc3339(), self.attempt,
+                                     self.restarts))
+            else:
+                self.log.append(f"{peer} finished its part of attempt {self.attempt}; waiting for rank 0")
+        else:
+            code = EXIT_LOST if record.code is None else record.code
+            how = "exited with" if record.status == EXITED else "stopped with"
+            self._failure(rank, code, f"{peer} {how} {code}")
+
+    def _failure(self, rank: int, code: int, why: str) -> None:
+        policy = self.policy
+        if policy.on_failure == RESTART_GANG and retryable(code) and self.restarts < policy.max_restarts:
+            self.restarts += 1
+            self.phase, self.barrier_since = RESTARTING, self.now
+            self.log.append(f"{why}: restarting the gang (restart {self.restarts} of {policy.max_restarts}); "
+                            f"stopping every member's training")
+            for member, record in enumerate(self.records):
+                if record.connection and record.status == RUNNING:
+                    self.outbox.append((member, {"type": "stop", "attempt": self.attempt, "why": why}))
+            return
+        if policy.on_failure == RESTART_GANG:
+            why += (f"; restart-gang's budget ({policy.max_restarts}) is spent" if retryable(code) else
+                    "; exit codes 1-127 are not retried")
+        self._finish(Outcome(FAILED, code, why, rank, now_rfc3339(), self.attempt, self.restarts))
+
+    def _finish(self, outcome: Outcome, announce: bool = True) -> None:
+        self.outcome, self.phase = outcome, DONE_PHASE
+        if announce:
+            self.log.append(outcome.summary())
+        for rank, record in enumerate(self.records):
+            if record.connection:
+                self._tell_outcome(rank)
+
+    def _tell_outcome(self, rank: int) -> None:
+        record = self.records[rank]
+        if self.outcome is not None and record.connection and record.told != record.connection:
+            record.told = record.connection
+            self.outbox.append((rank, {"type": "done", "outcome": self.outcome.to_dict()}))
+
+    def _advance(self) -> None:
+        """The barrier: start the next attempt once every member is connected and none is still running."""
+        if self.phase not in (ASSEMBLING, RESTARTING):
+            return
+        if not all(r.connection and r.status != RUNNING for r in self.records):
+            return
+        self.attempt += 1
+        if self.since is None:
+            self.since = self.now
+        self.phase = RUNNING_PHASE
+        self.log.append(f"attempt {self.attempt}: all {len(self.records)} members are here; starting the training"
+                        + (f" (gang restart {self.restarts})" if self.restarts else ""))
+        for rank, record in enumerate(self.records):
+            record.attempt, record.status, record.code = self.attempt, RUNNING, None
+            self.outbox.append((rank, {"type": "start", "attempt": self.attempt, "restarts": self.restarts,
+                                       "since": self.since}))
+
+
+def say(message: str) -> None:
+    sys.stderr.write(f"trainhook-launch coordinator: {message}\n")  # one write: threads' lines never interleave
+    sys.stderr.flush()
+
+
+class Coordinator:
+    """GangState behind a TCP server. All state changes happen under one lock, and the messages they produce
+    are sent before it is released, so every member sees them in the order they were decided."""
+
+    def __init__(self, gang: Gang, policy: Policy, token: bytes, port: int,
+                 log: Callable[[str], None] = say, clock: Callable[[], float] = time.time):
+        self.gang, self.token, self.port, self.say, self.clock = gang, token, port, log, clock
+        self.state = GangState(gang, policy, clock())
+        self.lock = threading.Lock()
+        self.channels: dict[int, wire.Channel] = {}
+        self.next_id = 1
+        self.stopping = threading.Event()
+        self.server: socket.socket | None = None
+        self.changed = threading.Condition(self.lock)
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Listen (raises OSError when the port is taken) and serve on daemon threads."""
+        self.server = listen(self.port)
+        self.say(f"listening on port {self.port} for the {self.gang.size} members of "
+                 f"{self.gang.namespace}/{self.gang.job_name}")
+        threading.Thread(target=self._accept, daemon=True, name="coordinator-accept").start()
+        threading.Thread(target=self._ticker, daemon=True, name="coordinator-tick").start()
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.server is not None:
+            self.server.close()
+        with self.lock:
+            for channel in list(self.channels.values()):
+                channel.close()
+
+    def adopt(self, outcome: Outcome, source: str) -> None:
+        with self.lock:
+            self.state.adopt(outcome, source)
+            self._flush()
+
+    def wait_delivered(self, timeout: float) -> bool:
+        """Block until every member acknowledged the outcome (or `timeout`)."""
+        end = time.monotonic() + timeout
+        with self.changed:
+            while not self.state.delivered():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(min(left, 0.5))
+        return True
+
+    # --- plumbing ---------------------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        """Log and send what the state produced (lock held)."""
+        for line in self.state.log:
+            self.say(line)
+        self.state.log.clear()
+        outbox, self.state.outbox = self.state.outbox, []
+        for rank, body in outbox:
+            channel = self.channels.get(self.state.records[rank].connection)
+            if channel is None:
+                continue
+            try:
+                channel.send(body)
+            except OSError:
+                channel.close()  # its reader thread reports the loss
+        self.changed.notify_all()
+
+    def _ticker(self) -> None:
+        while not self.stopping.wait(TICK):
+            with self.lock:
+                self.state.tick(self.clock())
+                self._flush()
+
+    def _accept(self) -> None:
+        assert self.server is not None
+        while not self.stopping.is_set():
+            try:
+                sock, address = self.server.accept()
+            except OSError:
+                return
+            peer = address[0].removeprefix("::ffff:")  # an IPv4 peer of the dual-stack socket, as people write it
+            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+
+    def _refuse(self, sock: socket.socket, peer: str, why: str) -> None:
+        self.say(f"refused a connection from {peer}: {why}")
+        try:
+            wire.send_plain(sock, {"error": f"refused: {why}"})
+        except OSError:
+            pass
+        sock.close()
+
+    def _serve(self, sock: socket.socket, peer: str) -> None:
+        """One member's connection: greetings, its signed join, then its reports until it goes away."""
+        wire_sock = sock
+        try:
+            wire_sock.settimeout(wire.GREETING_TIMEOUT)
+            reader = wire.LineReader(wire_sock)
+            rank, member_nonce = wire.check_member_greeting(reader.read(), self.gang.namespace,
+                                                            self.gang.job_name, self.gang.size)
+            nonce = wire.new_nonce()
+            wire.send_plain(wire_sock, {"protocol": wire.PROTOCOL, "nonce": nonce})
+            channel = wire.Channel(wire_sock, reader, self.token, "coordinator", nonce, member_nonce)
+            body = channel.receive()
+            if body is None:
+                wire_sock.close()
+                return
+            if body.get("type") != "join" or body.get("rank") != rank:
+                raise wire.Refused(f"expected the join of rank {rank}, got {str(body)[:120]}")
+            report = Report.from_dict(body.get("report"))
+            wire_sock.settimeout(None)
+            set_keepalive(wire_sock)
+        except wire.Refused as e:
+            self._refuse(wire_sock, peer, str(e))
+            return
+        except ValueError as e:
+            self._refuse(wire_sock, peer, f"bad report: {e}")
+            return
+        except OSError:
+            wire_sock.close()
+            return
+        with self.lock:
+            connection, self.next_id = self.next_id, self.next_id + 1
+            self.channels[connection] = channel
+            self.state.joined(rank, connection, report)
+            self._flush()
+        try:
+            while True:
+                body = channel.receive()
+                if body is None:
+                    break
+                if body.get("type") != "state":
+                    raise wire.Refused(f"unexpected message {str(body)[:120]}")
+                report = Report.from_dict(body.get("report"))
+                with self.lock:
+                    self.state.reported(rank, connection, report)
+                    self._flush()
+        except wire.Refused as e:
+            self.say(f"refused a message on the connection of {self.gang.peers[rank]} from {peer}: {e}")
+        except ValueError as e:
+            self.say(f"refused a message from {peer}: bad report: {e}")
+        except OSError:
+            pass
+        channel.close()
+        with self.lock:
+            self.channels.pop(connection, None)
+            self.state.lost(rank, connection)
+            self._flush()
+
+
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+
+
+def set_keepalive(sock: socket.socket) -> None:
+    """A vanished node (no FIN ever comes) turns into a closed connection in about 25 s."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)

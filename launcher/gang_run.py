@@ -1,0 +1,527 @@
+"""`trainhook-launch run -- CMD` inside a gang: every member's training starts, ends and restarts as one.
+
+Each member's launcher keeps a connection to the gang's coordinator (rank 0's launcher, coordinator.py) and
+runs the training command only when told to (`start`, with the attempt number), stops it when told to (`stop`:
+SIGTERM, SIGKILL after TRAINHOOK_STOP_GRACE), and reports everything that happens to it. When the coordinator
+announces the outcome (`done`), the launcher ends its training (after TRAINHOOK_FINISH_GRACE when the gang
+succeeded, at once when it failed) and then:
+
+- in a pod whose containers are not restarted (a Job's: restartPolicy Never or OnFailure) it exits: 0 when the
+  gang succeeded, else the gang's exit code;
+- in a pod whose containers are restarted (restartPolicy Always: a StatefulSet's), exiting would rerun the
+  training, so it parks: it stays up, says why, and exits only when the pod is stopped. The first member of
+  each role records the outcome on its workload (annotations) and scales a StatefulSet to zero when the pod's
+  ServiceAccount may (outcome_api); when it may not, the log says why.
+
+A launcher that starts asks before it runs anything: the outcome marker in TRAINHOOK_STATE_DIR (an emptyDir
+outlives container restarts), the workload's recorded outcome (rank 0, in a cluster), and the coordinator,
+which tells a member that joins late that the gang is done, or that it already finished its part. So a
+restarted container never reruns finished training.
+
+Rank 0's launcher connects to its own coordinator over loopback, so every member takes the same path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from trainhook.launcher import gang_protocol as wire
+from trainhook.launcher import outcome_api
+from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, Report, set_keepalive
+from trainhook.launcher.gang import ConfigError, Gang, parse_gang
+from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, read_settings)
+from trainhook.launcher.run import FORWARDED, Training, reap_exited, run_command
+
+POLL = 0.2
+DELIVERY_TIMEOUT = 10.0  # how long rank 0 waits for every member to hear the outcome before it leaves
+FIRST_DELAY, MAX_DELAY = 0.2, 3.0  # reconnect backoff
+REPORT_EVERY = 30.0
+MARKER = "outcome.json"
+
+
+def say(message: str) -> None:
+    sys.stderr.write(f"trainhook-launch run: {message}\n")  # one write: threads' lines never interleave
+    sys.stderr.flush()
+
+
+class Link(threading.Thread):
+    """The member's connection to the coordinator, kept up in the background (reconnecting with backoff).
+
+    What arrives goes to the member's event queue as ("directive", body); ("connected",) and ("lost", why)
+    tell it about the connection. `update` sends the member's report (and keeps it for the next join), so the
+    coordinator always ends up with the latest account, whatever was lost on the way."""
+
+    def __init__(self, gang: Gang, settings: Settings, events: queue.SimpleQueue, report: Report):
+        super().__init__(daemon=True, name="gang-link")
+        self.gang, self.settings, self.events = gang, settings, events
+        self.address = "127.0.0.1" if gang.rank == 0 else gang.peers[0].address
+        self.lock = threading.Lock()
+        self.channel: wire.Channel | None = None
+        self.latest = report.to_dict()
+        self.closing = threading.Event()
+        self.quiet = False  # once the gang is done, losing the coordinator is expected (it may be scaled away)
+        self.last_error = "not tried yet"
+
+    def update(self, report: Report) -> None:
+        with self.lock:
+            self.latest = report.to_dict()
+            if self.channel is not None:
+                try:
+                    self.channel.send({"type": "state", "report": self.latest})
+                except OSError:
+                    pass  # the reader sees the loss; the next join carries this report
+
+    def close(self) -> None:
+        self.closing.set()
+        with self.lock:
+            if self.channel is not None:
+                self.channel.close()
+
+    def run(self) -> None:
+        delay, said, said_at = FIRST_DELAY, "", 0.0
+        while not self.closing.is_set():
+            try:
+                channel = self._connect()
+            except (OSError, wire.Refused, ValueError) as e:
+                self.last_error = describe_error(e)
+                now = time.monotonic()
+                if not self.quiet and (self.last_error != said or now - said_at > REPORT_EVERY):
+                    say(f"cannot reach the gang's coordinator (rank 0 at {self.address}:{self.settings.port}) "
+                        f"yet: {self.last_error}; retrying")
+                    said, said_at = self.last_error, now
+                self.closing.wait(delay)
+                delay = min(delay * 1.5, MAX_DELAY)
+                continue
+            delay, said = FIRST_DELAY, ""
+            why = "the connection closed"
+            try:
+                while True:
+                    body = channel.receive()
+                    if body is None:
+                        break
+                    self.events.put(("directive", body))
+            except wire.Refused as e:
+                why = f"refused a message from the coordinator: {e}"
+                say(why)
+            except OSError as e:
+                why = describe_error(e)
+            with self.lock:
+                self.channel = None
+            channel.close()
+            if not self.closing.is_set():
+                self.events.put(("lost", why))
+
+    def _connect(self) -> wire.Channel:
+        sock = socket.create_connection((self.address, self.settings.port), timeout=wire.GREETING_TIMEOUT)
+        try:
+            sock.settimeout(wire.GREETING_TIMEOUT)
+            nonce = wire.new_nonce()
+            wire.send_plain(sock, wire.member_greeting(self.gang.namespace, self.gang.job_name, self.gang.rank,
+                                                       nonce))
+            reader = wire.LineReader(sock)
+            answer = reader.read()
+            if answer is None:
+                raise ConnectionError("the coordinator closed the connection")
+            if "error" in answer or not isinstance(answer.get("nonce"), str):
+                raise wire.Refused(str(answer.get("error") or "no nonce in the coordinator's greeting"))
+            channel = wire.Channel(sock, reader, self.settings.token, "member", answer["nonce"], nonce)
+            with self.lock:
+                joined = self.latest
+                channel.send({"type": "join", "rank": self.gang.rank, "report": joined})
+            welcome = channel.receive()  # signed: proves the coordinator holds the gang's token
+            if welcome is None:
+                raise ConnectionError("the coordinator closed the connection (did it refuse us? see its log)")
+            if welcome.get("type") != "welcome":
+                raise wire.Refused(f"expected a welcome, got {str(welcome)[:120]}")
+            sock.settimeout(None)
+            set_keepalive(sock)
+            with self.lock:
+                self.channel = channel
+                if self.latest != joined:
+                    channel.send({"type": "state", "report": self.latest})
+        except BaseException:
+            sock.close()
+            raise
+        self.events.put(("connected",))
+        self.events.put(("directive", welcome))
+        return channel
+
+
+def describe_error(error: BaseException) -> str:
+    if isinstance(error, socket.gaierror):
+        return "its address does not resolve"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused (its launcher is not listening yet)"
+    if isinstance(error, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(error, wire.Refused):
+        return f"refused: {error}"
+    return str(error) or type(error).__name__
+
+
+class Member:
+    """One member's launcher: the event loop around its training."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: Gang, settings: Settings):
+        self.argv, self.env, self.gang, self.settings = list(argv), dict(env), gang, settings
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.report = Report()
+        self.training: Training | None = None
+        self.stopping = False
+        self.kill_at: float | None = None
+        self.finish_at: float | None = None
+        self.outcome: Outcome | None = None
+        self.terminating: int | None = None
+        self.connected = False
+        self.disconnected_since = time.monotonic()
+        self.last_code: int | None = None
+        self.joined_once = False
+        self.coordinator: Coordinator | None = None
+        self.link = Link(gang, settings, self.events, self.report)
+        self.pid1 = os.getpid() == 1
+
+    # --- entry ------------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        previous = {s: signal.signal(s, lambda signum, _f: self.events.put(("signal", signum))) for s in FORWARDED}
+        try:
+            return self._run()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.link.close()
+            if self.coordinator is not None:
+                self.coordinator.close()
+
+    def _run(self) -> int:
+        gang, settings = self.gang, self.settings
+        say(f"{gang.me} of {gang.namespace}/{gang.job_name} ({gang.size} members); on failure: "
+            f"{settings.policy.on_failure}" + (f" (max {settings.policy.max_restarts} restarts)"
+                                               if settings.policy.on_failure == "restart-gang" else "")
+            + (f"; active deadline {settings.policy.deadline:g}s" if settings.policy.deadline else ""))
+        known = self.read_marker()
+        if gang.rank == 0:
+            known = known or self.recorded_outcome()
+            self.coordinator = Coordinator(gang, settings.policy, settings.token, settings.port)
+            try:
+                self.coordinator.start()
+            except OSError as e:
+                say(f"cannot listen on the coordinator port {settings.port}: {e.strerror or e}")
+                return EXIT_NOT_ASSEMBLED
+            if known is not None:
+                self.coordinator.adopt(known, "recorded before this launcher started")
+        if known is not None:
+            self.outcome = known
+            self.report.status, self.report.outcome = DONE, known.to_dict()
+            self.link.latest = self.report.to_dict()
+        self.status("joining")
+        self.link.start()
+        if self.outcome is not None:
+            say(f"not running the training: {self.outcome.summary()}")
+            return self.finalize(announce=False)
+        while True:
+            try:
+                event = self.events.get(timeout=POLL)
+            except queue.Empty:
+                event = None
+            if event is not None:
+                result = self.handle(event)
+                if result is not None:
+                    return result
+            result = self.timers()
+            if result is not None:
+                return result
+
+    # --- events -----------------------------------------------------------------------------------------------
+    def handle(self, event: tuple) -> int | None:
+        kind = event[0]
+        if kind == "signal":
+            signum = event[1]
+            if self.training is not None:
+                self.training.signal(signum)
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self.terminating = signum
+                if self.training is None:
+                    say(f"stopped by {signal.Signals(signum).name} before the training ran")
+                    return 128 + signum
+            return None
+        if kind == "connected":
+            self.connected = True
+            return None
+        if kind == "lost":
+            self.connected, self.disconnected_since = False, time.monotonic()
+            if self.outcome is None:
+                say(f"lost the gang's coordinator ({event[1]})"
+                    + ("; stopping the training: the gang cannot go on without rank 0's launcher"
+                       if self.training is not None and not self.stopping else "; reconnecting"))
+                if self.training is not None:
+                    self.stop_training()
+            return None
+        if kind == "exited":
+            return self.exited(event[1], event[2])
+        if kind == "directive":
+            return self.directive(event[1])
+        return None
+
+    def directive(self, body: dict) -> int | None:
+        kind = body.get("type")
+        if kind == "welcome":
+            if body.get("finished") and self.training is None:
+                self.report.attempt, self.report.status, self.report.code = int(body["attempt"]), EXITED, 0
+                self.last_code = 0
+                self.link.update(self.report)
+                say(f"this member already finished its part of attempt {body['attempt']}: not running it again; "
+                    f"waiting for the gang")
+                self.status("waiting")
+            elif not self.joined_once:
+                say(f"joined the gang's coordinator ({body.get('phase')}; waiting for every member to start)"
+                    if body.get("phase") == "assembling" else f"joined the gang's coordinator ({body.get('phase')})")
+            self.joined_once = True
+            return None
+        if kind == "start":
+            if self.training is not None:
+                return None
+            attempt = int(body["attempt"])
+            self.report.attempt, self.report.restarts, self.report.since = attempt, int(body.get("restarts", 0)), \
+                body.get("since")
+            self.start_training(attempt)
+            return None
+        if kind == "stop":
+            if self.training is not None and self.report.attempt == body.get("attempt") and not self.stopping:
+                say(f"stopping the training of attempt {self.report.attempt}: {body.get('why')}")
+                self.stop_training()
+            elif self.training is None:
+                self.link.update(self.report)
+            return None
+        if kind == "done":
+            try:
+                self.outcome = Outcome.from_dict(body.get("outcome") or {})
+            except ValueError as e:
+                say(f"ignored a malformed outcome from the coordinator: {e}")
+                return None
+            say(self.outcome.summary())
+            self.write_marker()
+            if self.training is None:
+                return self.finalize()
+            if self.outcome.succeeded and not self.stopping:
+                self.finish_at = time.monotonic() + self.settings.finish_grace
+                say(f"rank 0 succeeded: this member's training gets {self.settings.finish_grace:g}s to finish")
+            elif not self.stopping:
+                say("stopping the training: the gang failed")
+                self.stop_training()
+            return None
+        return None
+
+    def exited(self, attempt: int, code: int) -> int | None:
+        self.training, self.last_code = None, code
+        self.report.status = STOPPED if self.stopping else EXITED
+        self.report.code = code
+        self.stopping, self.kill_at, self.finish_at = False, None, None
+        say(f"the training of attempt {attempt} {'was stopped' if self.report.status == STOPPED else 'exited'} "
+            f"with {code}")
+        if self.outcome is not None:
+            return self.finalize()
+        self.link.update(self.report)
+        if self.terminating is not None:
+            if self.coordinator is not None:
+                self.coordinator.wait_delivered(2.0)  # let the gang hear about it before the coordinator goes
+            return code
+        self.status("waiting")
+        return None
+
+    def timers(self) -> int | None:
+        now = time.monotonic()
+        if self.training is not None and self.kill_at is not None and now >= self.kill_at:
+            say(f"the training did not stop within {self.settings.stop_grace:g}s of SIGTERM: SIGKILL")
+            self.training.kill_group()
+            self.kill_at = None
+        if self.training is not None and self.finish_at is not None and now >= self.finish_at:
+            say(f"the training is still running {self.settings.finish_grace:g}s after rank 0 succeeded: "
+                f"stopping it")
+            self.finish_at = None
+            self.stop_training()
+        if self.training is None and self.outcome is None and not self.connected \
+                and now - self.disconnected_since > self.settings.policy.join_timeout:
+            say(f"gave up: the gang's coordinator (rank 0 at {self.link.address}:{self.settings.port}) has not "
+                f"been reachable for {self.settings.policy.join_timeout:g}s: {self.link.last_error}")
+            self.status("exiting")
+            return EXIT_NOT_ASSEMBLED
+        if self.pid1 and self.training is None:
+            reap_exited()
+        return None
+
+    # --- the training -----------------------------------------------------------------------------------------
+    def start_training(self, attempt: int) -> None:
+        say(f"attempt {attempt}: starting the training" + (f" (gang restart {attempt - 1})" if attempt > 1 else ""))
+        training = Training(self.argv, attempt_env(self.env, attempt),
+                            lambda code: self.events.put(("exited", attempt, code)))
+        failed = training.start()
+        if failed is not None:
+            self.report.status, self.report.code, self.last_code = EXITED, failed, failed
+            self.link.update(self.report)
+            return
+        self.training = training
+        self.report.status, self.report.code = RUNNING, None
+        self.link.update(self.report)
+        self.status("running")
+
+    def stop_training(self) -> None:
+        if self.training is None:
+            return
+        self.stopping = True
+        self.training.signal(signal.SIGTERM)
+        self.kill_at = time.monotonic() + self.settings.stop_grace
+        self.status("stopping")
+
+    # --- the end ----------------------------------------------------------------------------------------------
+    def finalize(self, announce: bool = True) -> int:
+        """The gang is done and this member's training has ended: acknowledge, record, then exit or park.
+        Rank 0 first waits (a while) for every member to hear the outcome it `announce`s."""
+        outcome = self.outcome
+        assert outcome is not None
+        self.report.status, self.report.outcome = DONE, outcome.to_dict()
+        self.link.update(self.report)
+        self.link.quiet = True
+        if announce and self.coordinator is not None and not self.coordinator.wait_delivered(DELIVERY_TIMEOUT):
+            missing = [str(self.gang.peers[r]) for r, rec in enumerate(self.coordinator.state.records)
+                       if not rec.acked]
+            say(f"not every member acknowledged the outcome within {DELIVERY_TIMEOUT:g}s: {', '.join(missing)}")
+        code = 0 if outcome.succeeded else outcome.code
+        recorded = self.record_outcome(outcome)
+        if not self.settings.parks:
+            say(f"exiting {code}: the gang is done (restartPolicy {self.settings.restart_policy}: this container is "
+                f"not rerun); {recorded}")
+            self.status("exiting")
+            return code
+        say(f"parked: the gang is done and this pod's containers are restarted when they exit (restartPolicy "
+            f"Always), so the launcher stays up without rerunning the training until the pod is stopped; {recorded}")
+        self.status("parked")
+        while True:
+            try:
+                event = self.events.get(timeout=1.0)
+            except queue.Empty:
+                event = None
+            if event is not None and event[0] == "signal" and event[1] in (signal.SIGTERM, signal.SIGINT):
+                say(f"stopped by {signal.Signals(event[1]).name} while parked; exiting {code}")
+                self.status("exiting")
+                return code
+            if self.pid1:
+                reap_exited()
+
+    def record_outcome(self, outcome: Outcome) -> str:
+        """The first member of each role records the outcome on its workload and scales a StatefulSet to zero.
+        Returns what happened, in words, for the parking message."""
+        kind, name = self.settings.workload_kind, self.settings.workload_name
+        leader = f"{self.gang.role}-0"
+        if self.gang.index != 0:
+            return (f"{leader} records the outcome on {kind}/{name}"
+                    + (" and scales it to zero" if kind == "StatefulSet" else "") + " when its ServiceAccount may")
+        if kind not in outcome_api.KINDS or not name:
+            return f"the outcome is recorded nowhere: a {kind or 'bare Pod'} gang has no workload to record it on"
+        try:
+            api = outcome_api.client(self.settings.service_account_dir)
+        except outcome_api.Unavailable as e:
+            return f"the outcome is not recorded on {kind}/{name} and it is not scaled to zero: {e}"
+        with api:
+            try:
+                outcome_api.record_outcome(api, kind, name, self.gang.namespace, outcome)
+                say(f"recorded the outcome on {kind}/{name}: {outcome.phase}")
+            except outcome_api.Unavailable as e:
+                say(str(e))
+                return f"the outcome is not recorded and {kind}/{name} is not scaled to zero: {e}"
+            if kind != "StatefulSet":
+                return f"the outcome is recorded on {kind}/{name}"
+            try:
+                outcome_api.scale_to_zero(api, name, self.gang.namespace)
+            except outcome_api.Unavailable as e:
+                say(str(e))
+                return f"the outcome is recorded on {kind}/{name}, but it is not scaled to zero: {e}"
+        say(f"scaled {kind}/{name} to zero: its controller deletes the gang's pods")
+        return f"{kind}/{name} is scaled to zero, so its pods are deleted shortly"
+
+    def recorded_outcome(self) -> Outcome | None:
+        """The outcome recorded on this gang's workload before this launcher started (rank 0, in a cluster)."""
+        kind, name = self.settings.workload_kind, self.settings.workload_name
+        if kind not in outcome_api.KINDS or not name or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return None
+        try:
+            with outcome_api.client(self.settings.service_account_dir) as api:
+                outcome = outcome_api.read_outcome(api, kind, name, self.gang.namespace)
+        except outcome_api.Unavailable as e:
+            say(f"could not read the outcome recorded on {kind}/{name} ({e}); asking the members instead")
+            return None
+        if outcome is not None:
+            say(f"{kind}/{name} records that the gang is done ({outcome.phase}: {outcome.reason}); to run it again, "
+                f"remove the annotation: kubectl annotate {kind.lower()} {name} trainhook.dev/phase-")
+        return outcome
+
+    # --- files: the outcome marker and the local runner's status --------------------------------------------
+    def read_marker(self) -> Outcome | None:
+        if not self.settings.state_dir:
+            return None
+        path = Path(self.settings.state_dir) / MARKER
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            say(f"ignored the outcome marker {path}: {e}")
+            return None
+        if (data.get("namespace"), data.get("job")) != (self.gang.namespace, self.gang.job_name):
+            return None
+        try:
+            outcome = Outcome.from_dict(data.get("outcome") or {})
+        except ValueError as e:
+            say(f"ignored the outcome marker {path}: {e}")
+            return None
+        say(f"{path} records that the gang is done ({outcome.phase})")
+        return outcome
+
+    def write_marker(self) -> None:
+        if not self.settings.state_dir or self.outcome is None:
+            return
+        data = {"namespace": self.gang.namespace, "job": self.gang.job_name, "outcome": self.outcome.to_dict()}
+        try:
+            write_atomically(Path(self.settings.state_dir) / MARKER, data)
+        except OSError as e:
+            say(f"cannot write the outcome marker in {self.settings.state_dir}: {e}")
+
+    def status(self, state: str) -> None:
+        """The launcher's state for `trainhook local` (TRAINHOOK_LOCAL_STATUS); nothing in a cluster."""
+        if not self.settings.local_status:
+            return
+        data = {"pid": os.getpid(), "state": state, "namespace": self.gang.namespace, "job": self.gang.job_name,
+                "rank": self.gang.rank, "attempt": self.report.attempt, "training_code": self.last_code,
+                "outcome": None if self.outcome is None else self.outcome.to_dict(), "time": time.time()}
+        try:
+            write_atomically(Path(self.settings.local_status), data)
+        except OSError as e:
+            say(f"cannot write the local status file {self.settings.local_status}: {e}")
+
+
+def write_atomically(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(data))
+    os.replace(temporary, path)
+
+
+def run_gang(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """The `run` command in a gang (ConfigError for a bad environment, which the CLI prints)."""
+    gang = parse_gang(env)
+    settings = read_settings(env, gang)
+    if not settings.token:
+        say("TRAINHOOK_GANG_TOKEN is not set (a webhook without a gang key?): running the command without gang "
+            "coordination")
+        return run_command(argv, env)
+    if not argv:
+        raise ConfigError("run needs a command: trainhook-launch run -- CMD [ARGS ...]")
+    return Member(argv, env, gang, settings).run()

@@ -1,0 +1,254 @@
+"""The control channel between an MPI gang's launcher and its workers: who is there, and how the run ended.
+
+mpirun's daemons come and go through the rsh agent; what keeps a worker *pod* alive is this channel. Every
+worker (`trainhook-launch mpi-worker`) listens on the gang's port; the launcher connects to each one before it
+starts mpirun (that is its "every worker is reachable" check), keeps the connections open for the whole run, and
+at the end sends each worker the outcome, which the worker exits with. So:
+
+- a worker never outlives its launcher: the launcher's end closes the connection, and a worker whose
+  connection closes without an outcome exits EXIT_LAUNCHER_LOST (also when no launcher came in time);
+- a launcher notices at once when a worker pod goes away (its connection closes), stops mpirun and tells the
+  others, instead of waiting for MPI's own timeouts.
+
+TCP keepalive on both ends turns a vanished node (no FIN ever arrives) into a closed connection in ~25 s.
+
+Both ends prove they hold the gang's token (TRAINHOOK_GANG_TOKEN, which the webhook gives every pod of the gang
+and nothing else): each sends a random challenge and answers the other's with HMAC-SHA256(token, role + challenge),
+so nothing outside the gang can end a worker, install an agent in it, or pose as a worker. The token never
+crosses the network.
+
+Wire format: one JSON object per line.
+  worker -> launcher  {"protocol": "trainhook-mpi/1", "challenge": C1}
+  launcher -> worker  {"protocol": ..., "namespace": NS, "job": JOB, "launcher": ADDRESS, "proof": P(C1),
+                       "challenge": C2, "transport": T, "agent": PATH, "run_dir": DIR}
+  worker -> launcher  {"ok": true, "slots": N, "proof": P(C2)}  |  {"ok": false, "error": WHY}
+  launcher -> worker  {"exit": CODE, "why": TEXT}
+  worker -> launcher  {"bye": true}
+The worker installs the rsh agent at PATH (under /etc/mpi only) before it answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import select
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Mapping
+
+from trainhook import keys
+from trainhook.launcher.gang import Gang, Peer
+
+PROTOCOL = "trainhook-mpi/1"
+# Where workers listen: the gang's port (TRAINHOOK_PORT, the `trainhook.dev/port` annotation), 29498 by default
+# (the gang wait uses 29499, torch 29500).
+CONTROL_PORT = 29498
+# A worker's exit code when its launcher hung up (or never came): 128 + SIGHUP, "the controlling process went
+# away". 128 and above is retryable (contract section 7): a lost launcher is an eviction or a node loss.
+EXIT_LAUNCHER_LOST = 129
+LINE_LIMIT = 4096
+HELLO_TIMEOUT = 10.0
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+TRANSPORTS = ("kubexec", "ssh", "local")
+AGENT_DIR = PurePosixPath("/etc/mpi")  # the only place a worker writes the agent a launcher asks for
+
+
+class ControlError(Exception):
+    """A peer that is not (or no longer) a usable member of this gang's control channel."""
+
+
+class Refused(ControlError):
+    """The worker answered and said no: waiting longer will not change it."""
+
+
+def control_port(gang: Gang) -> int:
+    """The gang's port (TRAINHOOK_PORT), or CONTROL_PORT when it is 0."""
+    return gang.port or CONTROL_PORT
+
+
+def gang_token(env: Mapping[str, str]) -> bytes:
+    return env.get(keys.TH_GANG_TOKEN, "").strip().encode()
+
+
+def proof(token: bytes, role: str, challenge: str) -> str:
+    return hmac.new(token, f"{PROTOCOL} {role} {challenge}".encode(), hashlib.sha256).hexdigest()
+
+
+def challenge() -> str:
+    return secrets.token_hex(16)
+
+
+def set_keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+class LineSocket:
+    """A socket read one JSON line at a time (with its own buffer, so select() stays usable on `sock`)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buffer = b""
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, message: dict) -> None:
+        self.sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+    def pending(self) -> dict | None:
+        """A complete message already buffered, if any."""
+        if b"\n" not in self.buffer:
+            return None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError as e:
+            raise ControlError(f"not a trainhook control message: {line[:80]!r}") from e
+        if not isinstance(message, dict):
+            raise ControlError(f"not a trainhook control message: {line[:80]!r}")
+        return message
+
+    def feed(self) -> bool:
+        """Read what the socket has (call when select() says readable); False once the peer closed."""
+        try:
+            chunk = self.sock.recv(LINE_LIMIT)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.closed = True
+            return False
+        self.buffer += chunk
+        if len(self.buffer) > LINE_LIMIT and b"\n" not in self.buffer:
+            raise ControlError("control message too long")
+        return True
+
+    def receive(self, timeout: float) -> dict | None:
+        """The next message, waiting at most `timeout`; None when the peer closed or nothing came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.pending()
+            if message is not None or self.closed:
+                return message
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            readable, _, _ = select.select([self.sock], [], [], left)
+            if readable and not self.feed():
+                return None
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a worker needs from its launcher before mpirun starts: the rsh agent to install (OpenMPI's orted
+    refuses to start where its plm_rsh_agent path does not exist)."""
+
+    transport: str
+    agent: str
+    run_dir: str = ""
+
+
+def check_setup(setup: Setup) -> str:
+    """'' when a worker may install this agent, else why not."""
+    if setup.transport not in TRANSPORTS:
+        return f"unknown transport {setup.transport!r}"
+    if setup.run_dir and setup.transport != "local":
+        return "a run directory is for the local transport only"
+    agent = PurePosixPath(os.path.normpath(setup.agent)) if setup.agent else None
+    if agent is not None and (not agent.is_absolute() or AGENT_DIR not in agent.parents):
+        return f"the rsh agent must be in {AGENT_DIR}/ (not {setup.agent})"
+    return ""
+
+
+def hello(gang: Gang, token: bytes, worker_challenge: str, own_challenge: str, setup: Setup) -> dict:
+    return {"protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
+            "proof": proof(token, "launcher", worker_challenge), "challenge": own_challenge,
+            "transport": setup.transport, "agent": setup.agent, "run_dir": setup.run_dir}
+
+
+def judge_hello(gang: Gang, token: bytes, sent_challenge: str, message: dict | None) -> tuple[str, Setup | None]:
+    """('', setup) for a hello from this gang's launcher, else (why it is refused, None)."""
+    if not message or message.get("protocol") != PROTOCOL:
+        return "not a trainhook MPI launcher", None
+    if (message.get("namespace"), message.get("job")) != (gang.namespace, gang.job_name):
+        return (f"launcher of gang {message.get('namespace')}/{message.get('job')}, not "
+                f"{gang.namespace}/{gang.job_name}"), None
+    if not hmac.compare_digest(str(message.get("proof", "")), proof(token, "launcher", sent_challenge)):
+        return (f"the launcher does not hold this gang's {keys.TH_GANG_TOKEN} (were the pods admitted by "
+                "different webhooks?)"), None
+    setup = Setup(str(message.get("transport") or "kubexec"), str(message.get("agent") or ""),
+                  str(message.get("run_dir") or ""))
+    refusal = check_setup(setup)
+    return refusal, (None if refusal else setup)
+
+
+@dataclass
+class WorkerLink:
+    """The launcher's open connection to one worker."""
+
+    peer: Peer
+    channel: LineSocket
+    slots: int
+    lost: bool = False
+
+    def tell_exit(self, code: int, why: str) -> None:
+        """Send the outcome; errors are ignored (a worker that is gone needs no news)."""
+        if self.channel.closed:
+            return
+        try:
+            self.channel.send({"exit": code, "why": why})
+        except OSError:
+            self.channel.closed = True
+
+    def wait_bye(self, timeout: float) -> None:
+        try:
+            self.channel.receive(timeout)
+        except (OSError, ControlError):
+            pass
+        self.channel.close()
+
+
+def connect(gang: Gang, peer: Peer, port: int, token: bytes, setup: Setup, timeout: float = 3.0) -> WorkerLink:
+    """Open the control connection to one worker, authenticated both ways; raises OSError or ControlError."""
+    sock = socket.create_connection((peer.address, port), timeout=timeout)
+    try:
+        set_keepalive(sock)
+        sock.settimeout(None)
+        channel = LineSocket(sock)
+        opening = channel.receive(HELLO_TIMEOUT)
+        if not opening or opening.get("protocol") != PROTOCOL or not opening.get("challenge"):
+            raise ControlError("it does not speak the trainhook MPI control protocol (is it running "
+                               "`trainhook-launch mpi-worker`?)")
+        mine = challenge()
+        channel.send(hello(gang, token, str(opening["challenge"]), mine, setup))
+        answer = channel.receive(HELLO_TIMEOUT)
+        if answer is None:
+            raise ControlError("it closed the connection without answering" if channel.closed else
+                               f"no answer within {HELLO_TIMEOUT:g}s")
+        if not answer.get("ok"):
+            raise Refused(f"it refused: {answer.get('error', 'no reason given')}")
+        if not hmac.compare_digest(str(answer.get("proof", "")), proof(token, "worker", mine)):
+            raise Refused(f"it does not hold this gang's {keys.TH_GANG_TOKEN}")
+        slots = answer.get("slots")
+        if not isinstance(slots, int) or slots < 1:
+            raise ControlError(f"it reported no usable slot count ({slots!r})")
+        return WorkerLink(peer, channel, slots)
+    except BaseException:
+        sock.close()
+        raise

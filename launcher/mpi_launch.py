@@ -1,0 +1,318 @@
+"""`trainhook-launch mpirun [--] CMD ARGS`: an MPI gang's launcher.
+
+1. If this pod is not the gang's launcher (a worker of a gang whose worker 0 launches: one StatefulSet whose
+   pods all run the same command), it serves as a worker (`mpi-worker`) and CMD is not run here.
+2. It connects to every worker's control port (mpi_control), with TRAINHOOK_WAIT_TIMEOUT as the deadline; on
+   the deadline it exits 1 naming each worker still missing and why.
+3. It writes the hostfile (one line per worker, in index order, with the slots each worker reported; worker 0
+   itself first when it is the launcher) and the rsh agent script, at the paths the webhook's variables name
+   (/etc/mpi/hostfile, /etc/mpi/kubexec.sh). The agent calls `trainhook-launch kubexec` with the transport
+   chosen here: TRAINHOOK_MPI_TRANSPORT, else `local` in a `trainhook local` run, else `kubexec`.
+4. It runs the MPI command: CMD itself when CMD starts with mpirun/mpiexec (the user's flags kept, ours inserted
+   after the program name), else `mpirun -np <total slots> CMD` (OpenMPI), `mpiexec -n <total> CMD` (MPICH,
+   Intel). Added: `--allow-run-as-root` for OpenMPI as root; `-localhost <own address>` for Hydra (MPICH, Intel),
+   whose proxies dial the launcher back by that name; the implementation's hostfile/agent variables when missing.
+5. Signals are forwarded to mpirun. A worker whose control connection drops stops the run (mpirun gets SIGTERM)
+   and the launcher exits 129. Otherwise it exits with mpirun's code. Either way every worker is told the code
+   and exits with it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from trainhook import keys
+from trainhook.launcher import kubexec as kubexec_module
+from trainhook.launcher import mpi_control as control
+from trainhook.launcher import mpi_worker
+from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
+from trainhook.launcher.run import FORWARDED, exit_code, wait_for
+from trainhook.launcher.wait import describe, why
+from trainhook.webhook.frameworks import mpi
+from trainhook.webhook.gang import Shape
+
+EXIT_WORKERS_MISSING = 1
+EXIT_SETUP_FAILED = 2  # what the CLI exits with on a ConfigError; the workers get the same
+EXIT_WORKER_LOST = control.EXIT_LAUNCHER_LOST  # 129: a member hung up mid-run; retryable
+STOP_GRACE = 10.0
+RETRY_DELAY = 0.5
+MPI_PROGRAMS = {"mpirun", "mpiexec", "orterun", "mpiexec.hydra", "mpirun.openmpi", "mpiexec.openmpi",
+                "mpirun.mpich", "mpiexec.mpich"}
+# The program run for `trainhook-launch mpirun -- PROGRAM` per implementation, first found on PATH wins
+# (Debian installs OpenMPI's and MPICH's side by side, with `mpirun` pointing at one of them).
+MPI_BINARIES = {mpi.OPENMPI: ("mpirun.openmpi", "mpirun"), mpi.MPICH: ("mpiexec.mpich", "mpiexec.hydra", "mpiexec"),
+                mpi.INTEL: ("mpiexec.hydra", "mpiexec")}
+
+
+def say(message: str) -> None:
+    print(f"trainhook-launch mpirun: {message}", file=sys.stderr, flush=True)
+
+
+def shape_of(gang: Gang) -> Shape:
+    counts: dict[str, int] = {}
+    for peer in gang.peers:
+        counts[peer.role] = counts.get(peer.role, 0) + 1
+    return Shape(tuple(counts.items()))
+
+
+def implementation_of(env: Mapping[str, str]) -> str:
+    value = env.get(mpi.TH_MPI_IMPLEMENTATION, "").strip() or mpi.OPENMPI
+    if value not in mpi.IMPLEMENTATIONS:
+        raise ConfigError(f"{mpi.TH_MPI_IMPLEMENTATION}={value!r}: use one of {', '.join(mpi.IMPLEMENTATIONS)}")
+    return value
+
+
+def file_paths(implementation: str, env: Mapping[str, str]) -> tuple[Path, Path]:
+    """(hostfile, agent script) at the paths the implementation's variables name, Kubeflow's by default."""
+    hostfile_var, agent_var, _ = mpi.FILE_VARIABLES[implementation]
+    return (Path(env.get(hostfile_var, "").strip() or mpi.HOSTFILE_PATH),
+            Path(env.get(agent_var, "").strip() or mpi.AGENT_PATH))
+
+
+def write_file(path: Path, text: str, mode: int) -> None:
+    try:
+        kubexec_module.write_file(path, text, mode)
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror or e} (trainhook's webhook mounts an emptyDir at "
+                          f"{mpi.CONFIG_MOUNT_PATH} in MPI pods; is the pod labeled and admitted?)") from e
+
+
+def launch_env(env: Mapping[str, str], implementation: str, slots: int, hostfile: Path, agent: Path) -> dict[str, str]:
+    """mpirun's environment: ours, plus the implementation's variables where the webhook's are missing."""
+    out = dict(env)
+    for name, value in mpi.launcher_env(implementation, slots, gpus=1):  # GPU visibility is not ours to change
+        out.setdefault(name, value)
+    hostfile_var, agent_var, _ = mpi.FILE_VARIABLES[implementation]
+    out[hostfile_var], out[agent_var] = str(hostfile), str(agent)
+    if implementation == mpi.OPENMPI and os.geteuid() == 0:
+        out.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        out.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return out
+
+
+def find_binary(implementation: str, path: str | None) -> str:
+    for name in MPI_BINARIES[implementation]:
+        found = shutil.which(name, path=path)
+        if found:
+            return name
+    raise ConfigError(f"no {implementation} launcher on PATH (looked for {', '.join(MPI_BINARIES[implementation])})")
+
+
+def build_command(cmd: Sequence[str], implementation: str, total_slots: int, address: str, root: bool,
+                  path: str | None = None) -> list[str]:
+    """The MPI command line: the user's own mpirun/mpiexec with our flags inserted, or one built around CMD."""
+    passthrough = os.path.basename(cmd[0]) in MPI_PROGRAMS
+    given = set(cmd[1:]) if passthrough else set()
+    extras: list[str] = []
+    if implementation == mpi.OPENMPI:
+        if root and "--allow-run-as-root" not in given:
+            extras.append("--allow-run-as-root")
+    elif "-localhost" not in given:
+        extras += ["-localhost", address]
+    if passthrough:
+        return [cmd[0], *extras, *cmd[1:]]
+    count = ["-np", str(total_slots)] if implementation == mpi.OPENMPI else ["-n", str(total_slots)]
+    return [find_binary(implementation, path), *extras, *count, *cmd]
+
+
+def reach_workers(gang: Gang, workers: Sequence[Peer], port: int, timeout: float,
+                  token: bytes, setup: control.Setup) -> tuple[dict[int, control.WorkerLink], dict[int, str]]:
+    """Connect to every worker, retrying until the deadline or a refusal; (links by rank, last error by missing
+    rank)."""
+    links: dict[int, control.WorkerLink] = {}
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    last_report = 0.0
+
+    refused = False
+
+    def attempt(peer: Peer) -> tuple[Peer, control.WorkerLink | None, str]:
+        nonlocal refused
+        try:
+            return peer, control.connect(gang, peer, port, token, setup), ""
+        except ConnectionRefusedError as e:
+            return peer, None, f"{why(e)} (is it running `trainhook-launch mpi-worker`?)"
+        except OSError as e:
+            return peer, None, why(e)
+        except control.Refused as e:
+            refused = True
+            return peer, None, str(e)
+        except control.ControlError as e:
+            return peer, None, str(e)
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(workers)))) as pool:
+        while True:
+            pending = [w for w in workers if w.rank not in links]
+            for peer, link, error in pool.map(attempt, pending):
+                if link is not None:
+                    links[peer.rank] = link
+                    errors.pop(peer.rank, None)
+                else:
+                    errors[peer.rank] = error
+            missing = [w for w in workers if w.rank not in links]
+            if not missing or refused or time.monotonic() >= deadline:
+                return links, errors
+            if time.monotonic() - last_report >= 30:
+                last_report = time.monotonic()
+                say(f"{len(links)}/{len(workers)} workers reachable; waiting for {describe(missing)}")
+            time.sleep(RETRY_DELAY)
+
+
+class Watch:
+    """Watches the workers' control connections while mpirun runs; the first to drop stops mpirun."""
+
+    def __init__(self, links: Sequence[control.WorkerLink], stop: Callable[[], None]):
+        self.links = list(links)
+        self.stop_mpirun = stop
+        self.lost: list[control.WorkerLink] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            live = [link for link in self.links if not link.channel.closed]
+            if not live:
+                return
+            readable, _, _ = select.select([link.channel for link in live], [], [], 0.2)
+            for link in live:
+                if link.channel in readable and not link.channel.feed() and not self.done.is_set():
+                    link.lost = True
+                    self.lost.append(link)
+                    say(f"worker {link.peer} went away (its control connection closed); stopping mpirun")
+                    self.stop_mpirun()
+
+    def finish(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=2)
+
+
+def run_mpi(argv: Sequence[str], env: Mapping[str, str], links: Sequence[control.WorkerLink]) -> tuple[int, bool]:
+    """Run mpirun with signals forwarded and the workers watched; (exit code, whether a worker was lost)."""
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+    stopping = threading.Event()
+
+    def forward(signum: int, _frame: object) -> None:
+        if child is None:
+            pending.append(signum)
+            return
+        try:
+            os.kill(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def stop() -> None:
+        if stopping.is_set() or child is None:
+            return
+        stopping.set()
+        forward(signal.SIGTERM, None)
+        timer = threading.Timer(STOP_GRACE, lambda: forward(signal.SIGKILL, None))
+        timer.daemon = True
+        timer.start()
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    watch = Watch(links, stop)
+    try:
+        try:
+            child = subprocess.Popen(list(argv), env=dict(env))
+        except OSError as e:
+            say(f"cannot start {argv[0]}: {e.strerror or e}")
+            return 127 if isinstance(e, FileNotFoundError) else 126, False
+        for signum in pending:
+            forward(signum, None)
+        watch.start()
+        status = wait_for(child.pid, reap_all=os.getpid() == 1)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        return exit_code(status), bool(watch.lost)
+    finally:
+        watch.finish()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def tell_workers(links: Sequence[control.WorkerLink], code: int, why_text: str) -> None:
+    for link in links:
+        link.tell_exit(code, why_text)
+    for link in links:
+        link.wait_bye(timeout=5.0)
+
+
+def launch(gang: Gang, env: Mapping[str, str], cmd: Sequence[str]) -> int:
+    if gang.framework != keys.MPI:
+        raise ConfigError(f"{keys.TH_FRAMEWORK}={gang.framework!r}: mpirun is for {keys.MPI} gangs "
+                          f"(label the workload {keys.FRAMEWORK}={keys.MPI})")
+    shape = shape_of(gang)
+    if not mpi.is_launcher(gang.role, gang.index, shape):
+        say(f"this pod is {gang.me}, not the launcher: serving as a worker (the command runs from the launcher)")
+        return mpi_worker.serve(gang, env)
+    if not cmd:
+        raise ConfigError("mpirun needs a command: trainhook-launch mpirun -- CMD [ARGS ...]")
+    implementation = implementation_of(env)
+    transport, run_dir = kubexec_module.choose_transport("", env)
+    port = control.control_port(gang)
+    own_slots = mpi_worker.own_slots(env)
+    workers = [p for p in gang.peers if p.role == mpi.WORKER]
+    remote = [w for w in workers if w.rank != gang.rank]
+    hostfile_path, agent_path = file_paths(implementation, env)
+    say(f"{implementation}, {transport} transport: reaching {len(remote)} worker(s) on port {port}")
+    setup = control.Setup(transport, str(agent_path), str(run_dir or ""))
+    started = time.monotonic()
+    links, errors = reach_workers(gang, remote, port, gang.wait_timeout, control.gang_token(env), setup)
+    missing = [w for w in remote if w.rank not in links]
+    if missing:
+        detail = "; ".join(f"{w}: {errors.get(w.rank, 'not reached')}" for w in missing[:8])
+        more = f"; and {len(missing) - 8} more" if len(missing) > 8 else ""
+        say(f"{len(missing)} of {len(remote)} worker(s) not reachable after {time.monotonic() - started:.0f}s "
+            f"(deadline {gang.wait_timeout:g}s): {detail}{more}")
+        tell_workers(list(links.values()), EXIT_WORKERS_MISSING, "the launcher gave up waiting for other workers")
+        return EXIT_WORKERS_MISSING
+    ordered = [links[w.rank] for w in remote]
+    slots = {rank: link.slots for rank, link in links.items()}
+    slots[gang.rank] = own_slots
+    hosts = [(w.address, slots[w.rank]) for w in workers]
+    try:
+        write_file(hostfile_path, mpi.hostfile(hosts, implementation), 0o644)
+        write_file(agent_path, kubexec_module.agent_script(transport, run_dir), 0o755)
+        total = sum(count for _, count in hosts)
+        argv = build_command(cmd, implementation, total, gang.address, os.geteuid() == 0, env.get("PATH"))
+    except ConfigError as e:
+        tell_workers(ordered, EXIT_SETUP_FAILED, f"the launcher could not start: {e}")
+        raise
+    child_env = launch_env(env, implementation, own_slots, hostfile_path, agent_path)
+    say(f"hostfile {hostfile_path}: {', '.join(f'{a} ({n})' for a, n in hosts)}")
+    say(f"running: {shlex.join(argv)}")
+    code, lost = run_mpi(argv, child_env, ordered)
+    if lost:
+        say(f"{argv[0]} exited with {code} after a worker went away; exiting {EXIT_WORKER_LOST}")
+        code = EXIT_WORKER_LOST
+        why_text = "a worker went away mid-run"
+    else:
+        say(f"{argv[0]} exited with {code}")
+        why_text = f"{os.path.basename(argv[0])} exited with {code}"
+    tell_workers([link for link in ordered if not link.lost], code, why_text)
+    return code
+
+
+def main(cmd: Sequence[str]) -> int:
+    return launch(parse_gang(os.environ), os.environ, cmd)
+
+
+def worker_main(cmd: Sequence[str]) -> int:
+    gang = parse_gang(os.environ)
+    if gang.framework != keys.MPI:
+        raise ConfigError(f"{keys.TH_FRAMEWORK}={gang.framework!r}: mpi-worker is for {keys.MPI} gangs")
+    return mpi_worker.serve(gang, os.environ, cmd)

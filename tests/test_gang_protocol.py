@@ -1,0 +1,418 @@
+"""The gang's coordination, in process: the signed wire format, the coordinator's decisions (pure), the lifecycle
+settings, and a real coordinator with real member links on loopback."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainhook.launcher import gang_protocol as wire
+from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, GangState, Report
+from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
+from trainhook.launcher.gang_run import Link
+from trainhook.launcher.lifecycle import (EXIT_CODE, FAIL_GANG, PHASE, PHASE_REASON, RESTART_GANG, SUCCEEDED,
+                                          Outcome, Policy, attempt_env, read_settings)
+
+TOKEN = b"a" * 64
+
+
+def gang(size: int = 3, rank: int = 0, address: str = "127.0.0.1") -> Gang:
+    peers = tuple(Peer("worker", i, i, address if i == 0 else f"w-{i}.g") for i in range(size))
+    return Gang(framework="pytorch", job_name="g", namespace="ns", role="worker", index=rank, rank=rank,
+                peers=peers, subdomain="g", address=peers[rank].address, port=23456, gang_wait="dns",
+                gang_wait_port=29499, wait_timeout=600.0)
+
+
+# --- the wire -------------------------------------------------------------------------------------------------
+
+def channels(coordinator_token: bytes = TOKEN, member_token: bytes = TOKEN):
+    a, b = socket.socketpair()
+    cn, mn = wire.new_nonce(), wire.new_nonce()
+    coordinator = wire.Channel(a, wire.LineReader(a), coordinator_token, "coordinator", cn, mn)
+    member = wire.Channel(b, wire.LineReader(b), member_token, "member", cn, mn)
+    return coordinator, member
+
+
+def test_signed_messages_pass_both_ways():
+    coordinator, member = channels()
+    member.send({"type": "state", "report": {"code": 3}})
+    coordinator.send({"type": "stop", "attempt": 1})
+    assert coordinator.receive() == {"type": "state", "report": {"code": 3}}
+    assert member.receive() == {"type": "stop", "attempt": 1}
+
+
+def test_a_message_signed_with_another_gangs_token_is_refused():
+    coordinator, member = channels(member_token=b"b" * 64)
+    member.send({"type": "state", "report": {"status": "exited", "code": 0}})
+    with pytest.raises(wire.Refused, match="bad signature"):
+        coordinator.receive()
+
+
+def test_a_replayed_or_reordered_message_is_refused():
+    coordinator, member = channels()
+    member.send({"type": "state", "n": 1})
+    line = coordinator.reader.sock.recv(65536)
+    coordinator.reader.buffer = line + line  # the same signed line twice
+    assert coordinator.receive() == {"type": "state", "n": 1}
+    with pytest.raises(wire.Refused, match="out of order"):
+        coordinator.receive()
+
+
+def test_a_tampered_message_is_refused():
+    coordinator, member = channels()
+    member.send({"type": "state", "report": {"code": 3}})
+    message = json.loads(coordinator.reader.sock.recv(65536))
+    message["body"]["report"]["code"] = 0
+    coordinator.reader.buffer = json.dumps(message).encode() + b"\n"
+    with pytest.raises(wire.Refused, match="bad signature"):
+        coordinator.receive()
+
+
+def test_a_message_reflected_back_to_its_sender_is_refused():
+    coordinator, member = channels()
+    member.send({"type": "state"})
+    line = coordinator.reader.sock.recv(65536)
+    member.reader.buffer = line  # the member's own signed message, sent back to it as if from the coordinator
+    with pytest.raises(wire.Refused, match="bad signature"):
+        member.receive()
+
+
+@pytest.mark.parametrize("greeting, message", [
+    (None, "closed before greeting"),
+    ({"protocol": "trainhook-gang/1"}, "not a trainhook gang launcher"),
+    (wire.member_greeting("other", "g", 1, "n" * 32), "a launcher of gang other/g, not ns/g"),
+    (wire.member_greeting("ns", "g", 3, "n" * 32), "rank 3 is not in this gang of 3"),
+    (wire.member_greeting("ns", "g", 1, ""), "no nonce"),
+])
+def test_greetings_from_outside_the_gang_are_refused_with_the_reason(greeting, message):
+    with pytest.raises(wire.Refused, match=message):
+        wire.check_member_greeting(greeting, "ns", "g", 3)
+
+
+# --- the coordinator's decisions ---------------------------------------------------------------------------------
+
+def state(size: int = 3, **policy) -> GangState:
+    return GangState(gang(size), Policy(**policy), now=1000.0)
+
+
+def drain(s: GangState) -> list[tuple[int, str]]:
+    out = [(rank, body["type"]) for rank, body in s.outbox]
+    s.outbox.clear()
+    return out
+
+
+def assemble(s: GangState) -> None:
+    for rank in range(len(s.records)):
+        s.joined(rank, rank + 1, Report())
+    drain(s)
+    s.log.clear()
+
+
+def report(s: GangState, rank: int, status: str, code: int | None = None) -> None:
+    s.reported(rank, rank + 1, Report(attempt=s.attempt, status=status, code=code, restarts=s.restarts,
+                                      since=s.since))
+
+
+def test_the_first_attempt_starts_only_when_every_member_has_joined():
+    s = state()
+    s.joined(0, 1, Report())
+    s.joined(2, 3, Report())
+    assert drain(s) == [(0, "welcome"), (2, "welcome")] and s.attempt == 0
+    s.joined(1, 2, Report())
+    assert drain(s) == [(1, "welcome"), (0, "start"), (1, "start"), (2, "start")]
+    assert s.attempt == 1 and s.since == 1000.0
+
+
+def test_rank_0_exiting_0_ends_the_gang_after_workers_that_finished_their_part():
+    s = state()
+    assemble(s)
+    report(s, 2, EXITED, 0)
+    assert s.outcome is None and "finished its part of attempt 1" in s.log[-1]
+    report(s, 0, EXITED, 0)
+    assert s.outcome is not None and s.outcome.phase == SUCCEEDED and s.outcome.rank == 0
+    assert sorted(drain(s)) == [(0, "done"), (1, "done"), (2, "done")]
+    assert not s.delivered()
+    for rank in range(3):
+        s.reported(rank, rank + 1, Report(attempt=1, status=DONE, outcome=s.outcome.to_dict()))
+    assert s.delivered()
+
+
+def test_a_failure_ends_the_gang_with_the_members_code_under_fail_gang():
+    s = state(on_failure=FAIL_GANG)
+    assemble(s)
+    report(s, 1, EXITED, 137)
+    assert (s.outcome.phase, s.outcome.code, s.outcome.rank) == ("Failed", 137, 1)
+    assert s.outcome.reason == "rank 1 (worker-1 at w-1.g) exited with 137"
+    assert sorted(drain(s)) == [(0, "done"), (1, "done"), (2, "done")]
+
+
+def test_restart_gang_stops_everyone_then_starts_the_next_attempt_together():
+    s = state(on_failure=RESTART_GANG, max_restarts=1)
+    assemble(s)
+    report(s, 1, EXITED, 137)
+    assert s.outcome is None and s.restarts == 1
+    assert sorted(drain(s)) == [(0, "stop"), (2, "stop")]
+    report(s, 0, STOPPED, 143)
+    assert drain(s) == []  # rank 2 still runs
+    report(s, 2, STOPPED, 143)
+    assert drain(s) == [(0, "start"), (1, "start"), (2, "start")] and s.attempt == 2
+    report(s, 2, EXITED, 139)
+    assert (s.outcome.code, s.outcome.attempt, s.outcome.restarts) == (139, 2, 1)
+    assert s.outcome.reason.endswith("restart-gang's budget (1) is spent")
+
+
+def test_restart_gang_never_retries_codes_below_128():
+    s = state(on_failure=RESTART_GANG, max_restarts=5)
+    assemble(s)
+    report(s, 2, EXITED, 1)
+    assert s.outcome.code == 1 and s.restarts == 0
+    assert s.outcome.reason.endswith("exit codes 1-127 are not retried")
+
+
+def test_a_member_whose_launcher_goes_away_mid_run_is_a_retryable_failure():
+    s = state(on_failure=RESTART_GANG)
+    assemble(s)
+    s.lost(1, 2)
+    assert s.restarts == 1 and s.phase == "restarting"
+    assert "rank 1 (worker-1 at w-1.g): its launcher went away" in s.log[0]
+    report(s, 0, STOPPED, 143)
+    report(s, 2, STOPPED, 143)
+    assert s.attempt == 1  # waiting for rank 1 to come back
+    s.joined(1, 7, Report())  # its restarted container knows nothing
+    assert s.attempt == 2
+
+
+def test_a_member_that_finished_its_part_is_told_so_when_its_container_restarts():
+    s = state()
+    assemble(s)
+    report(s, 1, EXITED, 0)
+    s.lost(1, 2)
+    assert s.outcome is None and s.restarts == 0  # a finished member going away is no failure
+    s.joined(1, 9, Report())
+    welcome = [body for rank, body in s.outbox if body["type"] == "welcome"]
+    assert welcome == [{"type": "welcome", "attempt": 1, "phase": "running", "restarts": 0, "since": 1000.0,
+                        "finished": True}]
+    assert not [body for _, body in s.outbox if body["type"] == "start"]
+
+
+def test_a_member_joining_after_the_outcome_is_told_it_and_never_started():
+    s = state()
+    assemble(s)
+    report(s, 0, EXITED, 0)
+    drain(s)
+    s.lost(2, 3)
+    s.joined(2, 10, Report())
+    assert drain(s) == [(2, "done")]
+
+
+def test_a_restarted_coordinator_adopts_an_outcome_a_member_reports():
+    s = state()
+    known = Outcome(SUCCEEDED, 0, "rank 0 exited 0", 0, "2025-01-01T00:00:00Z", 1, 0)
+    s.joined(1, 1, Report(attempt=1, status=DONE, outcome=known.to_dict()))
+    assert s.outcome == known and drain(s) == [(1, "done")]
+    s.joined(0, 2, Report())
+    assert drain(s) == [(0, "done")]
+
+
+def test_a_restarted_coordinator_treats_a_running_attempt_as_rank_0_lost():
+    s = state(on_failure=RESTART_GANG)
+    s.joined(0, 1, Report())
+    s.joined(1, 2, Report(attempt=3, status=STOPPED, code=143, restarts=2, since=900.0))
+    assert s.attempt == 3 and s.restarts == 3 and s.since == 900.0 and s.phase == "restarting"
+    assert "its launcher restarted during attempt 3" in " ".join(s.log)
+    s.joined(2, 3, Report(attempt=3, status=RUNNING, restarts=2, since=900.0))
+    assert (2, "stop") in drain(s)
+    report(s, 2, STOPPED, 143)
+    assert s.attempt == 4 and s.phase == "running"
+
+
+def test_the_active_deadline_fails_the_gang_with_124():
+    s = state(deadline=30.0)
+    assemble(s)
+    s.tick(1029.0)
+    assert s.outcome is None
+    s.tick(1031.0)
+    assert s.outcome.code == 124 and s.outcome.reason.startswith("DeadlineExceeded")
+
+
+def test_members_that_never_join_fail_the_gang_by_name():
+    s = state(join_timeout=60.0)
+    s.joined(0, 1, Report())
+    s.tick(1061.0)
+    assert s.outcome.code == 1
+    assert s.outcome.reason.startswith("2 member(s) did not join within 60s: rank 1 (worker-1 at w-1.g), rank 2")
+    assert "trainhook-launch run" in s.outcome.reason
+
+
+# --- settings and each attempt's environment ------------------------------------------------------------------
+
+def env(**more: str) -> dict[str, str]:
+    base = {"TRAINHOOK_FRAMEWORK": "pytorch", "TRAINHOOK_JOB_NAME": "g", "TRAINHOOK_NAMESPACE": "ns",
+            "TRAINHOOK_ROLE": "worker", "TRAINHOOK_INDEX": "1", "TRAINHOOK_REPLICAS": "worker=2",
+            "TRAINHOOK_HOSTS": "worker=g", "TRAINHOOK_SUBDOMAIN": "g", "TRAINHOOK_GANG_TOKEN": "t"}
+    return {**base, **more}
+
+
+def test_settings_default_to_fail_gang_and_a_parking_statefulset():
+    settings = read_settings(env(), parse_gang(env()))
+    assert settings.policy == Policy(FAIL_GANG, 3, None, 600.0)
+    assert (settings.workload_kind, settings.workload_name, settings.restart_policy, settings.parks) == (
+        "StatefulSet", "g", "Always", True)
+    assert settings.port == 29497 and settings.token == b"t"
+
+
+def test_an_indexed_jobs_pods_exit_instead_of_parking():
+    e = env(JOB_COMPLETION_INDEX="1")
+    settings = read_settings(e, parse_gang(e))
+    assert (settings.workload_kind, settings.restart_policy, settings.parks) == ("Job", "Never", False)
+    e = env(TRAINHOOK_WORKLOAD="Job/train", TRAINHOOK_RESTART_POLICY="OnFailure")
+    settings = read_settings(e, parse_gang(e))
+    assert (settings.workload_kind, settings.workload_name, settings.parks) == ("Job", "train", False)
+
+
+def test_bad_lifecycle_variables_are_all_named():
+    e = env(TRAINHOOK_ON_FAILURE="retry", TRAINHOOK_MAX_RESTARTS="x", TRAINHOOK_RESTART_POLICY="Sometimes")
+    with pytest.raises(ConfigError) as error:
+        read_settings(e, parse_gang(e))
+    text = str(error.value)
+    assert "TRAINHOOK_ON_FAILURE='retry'" in text and "TRAINHOOK_MAX_RESTARTS='x'" in text
+    assert "TRAINHOOK_RESTART_POLICY='Sometimes'" in text
+
+
+def test_each_attempt_gets_a_fresh_rendezvous():
+    base = {"MASTER_PORT": "23456", "PET_MASTER_PORT": "23456", "PET_RDZV_ID": "g", "OTHER": "x"}
+    first = attempt_env(base, 1)
+    assert first == {**base, "TRAINHOOK_ATTEMPT": "1", "TRAINHOOK_RESTARTS": "0"}  # Kubeflow's values unchanged
+    third = attempt_env(base, 3)
+    assert (third["MASTER_PORT"], third["PET_MASTER_PORT"], third["PET_RDZV_ID"]) == ("23458", "23458",
+                                                                                      "g-attempt-3")
+    assert attempt_env(third, 4)["PET_RDZV_ID"] == "g-attempt-4"
+
+
+def test_the_outcome_is_recorded_as_annotations_and_read_back():
+    outcome = Outcome("Failed", 3, "rank 2 exited with 3", 2, "2025-01-01T00:00:00Z")
+    annotations = outcome.annotations()
+    assert annotations[PHASE] == "Failed" and annotations[EXIT_CODE] == "3"
+    assert annotations[PHASE_REASON] == "rank 2 exited with 3"
+    back = Outcome.from_annotations(annotations)
+    assert (back.phase, back.code, back.reason) == ("Failed", 3, "rank 2 exited with 3")
+    assert Outcome.from_annotations({}) is None
+
+
+# --- a real coordinator and real member links, on loopback --------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def next_directive(events: queue.SimpleQueue, kind: str, timeout: float = 10) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            event = events.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if event[0] == "directive" and event[1]["type"] == kind:
+            return event[1]
+    raise AssertionError(f"no {kind} within {timeout}s")
+
+
+def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
+    port = free_port()
+    lines: list[str] = []
+    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=lines.append)
+    coordinator.start()
+    links = []
+    try:
+        settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
+        settings = type(settings)(**{**settings.__dict__, "token": TOKEN})
+        for rank in (0, 1):
+            events: queue.SimpleQueue = queue.SimpleQueue()
+            link = Link(gang(2, rank), settings, events, Report())
+            link.start()
+            links.append((link, events))
+        for _, events in links:
+            assert next_directive(events, "start")["attempt"] == 1
+        # An outsider with another token claims that rank 0 finished: refused, nothing changes.
+        outsider = settings.__class__(**{**settings.__dict__, "token": b"x" * 64})
+        events = queue.SimpleQueue()
+        intruder = Link(gang(2, 0), outsider, events, Report(attempt=1, status=EXITED, code=0))
+        intruder.start()
+        time.sleep(1.0)
+        intruder.close()
+        assert any("refused a connection from 127.0.0.1: bad signature" in line for line in lines), lines
+        assert coordinator.state.outcome is None
+        # The real rank 1 fails: both members hear the outcome.
+        links[1][0].update(Report(attempt=1, status=EXITED, code=3))
+        for _, events in links:
+            assert next_directive(events, "done")["outcome"]["code"] == 3
+        for rank, (link, _) in enumerate(links):
+            link.update(Report(attempt=1, status=DONE, outcome=coordinator.state.outcome.to_dict()))
+        assert coordinator.wait_delivered(5)
+    finally:
+        for link, _ in links:
+            link.close()
+        coordinator.close()
+
+
+def test_run_outside_a_gang_and_without_a_token_runs_the_command_alone():
+    command = [sys.executable, "-m", "trainhook.launcher.cli", "run", "--", sys.executable, "-c",
+               "raise SystemExit(7)"]
+    e = {k: v for k, v in env().items() if k != "TRAINHOOK_GANG_TOKEN"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, env={**e, "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 7
+    assert "TRAINHOOK_GANG_TOKEN is not set" in result.stderr
+
+
+def test_a_bad_lifecycle_variable_is_a_usage_error():
+    command = [sys.executable, "-m", "trainhook.launcher.cli", "run", "--", "true"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                            env={**env(TRAINHOOK_ON_FAILURE="sometimes"), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert "TRAINHOOK_ON_FAILURE='sometimes': use fail-gang or restart-gang" in result.stderr
+
+
+def test_a_run_nested_in_a_gang_aware_launchers_training_runs_its_command_alone():
+    command = [sys.executable, "-m", "trainhook.launcher.cli", "run", "--", sys.executable, "-c",
+               "raise SystemExit(5)"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                            env={**env(TRAINHOOK_ATTEMPT="1"), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 5 and result.stderr == ""
+
+
+def solo_env(tmp_path, **more: str) -> dict[str, str]:
+    """A one-member Job gang: rank 0 alone, its coordinator on a free loopback port."""
+    return {**env(TRAINHOOK_INDEX="0", TRAINHOOK_REPLICAS="worker=1", TRAINHOOK_WORKLOAD="Job/g",
+                  TRAINHOOK_RESTART_POLICY="OnFailure", TRAINHOOK_COORDINATOR_PORT=str(free_port()),
+                  TRAINHOOK_STATE_DIR=str(tmp_path / "state")), "PATH": "/usr/bin:/bin", **more}
+
+
+def test_the_outcome_marker_keeps_a_restarted_container_from_training_again(tmp_path):
+    flag = tmp_path / "trained"
+    command = [sys.executable, "-m", "trainhook.launcher.cli", "run", "--", sys.executable, "-c",
+               f"open({str(flag)!r}, 'a').write('x')"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=60, env=solo_env(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert flag.read_text() == "x"
+    marker = json.loads((tmp_path / "state" / "outcome.json").read_text())
+    assert (marker["namespace"], marker["job"], marker["outcome"]["phase"]) == ("ns", "g", "Succeeded")
+    # The kubelet restarts the container (OnFailure, or Always): the emptyDir still holds the marker.
+    again = subprocess.run(command, capture_output=True, text=True, timeout=60, env=solo_env(tmp_path))
+    assert again.returncode == 0, again.stderr
+    assert "outcome.json records that the gang is done (Succeeded)" in again.stderr
+    assert "not running the training: gang succeeded" in again.stderr
+    assert flag.read_text() == "x"  # not run again
+    failed = Outcome("Failed", 3, "rank 1 (worker-1 at g-1.g) exited with 3", 1, "2025-01-01T00:00:00Z")
+    (tmp_path / "state" / "outcome.json").write_text(json.dumps({"namespace": "ns", "job": "g",
+                                                                 "outcome": failed.to_dict()}))
+    third = subprocess.run(command, capture_output=True, text=True, timeout=60, env=solo_env(tmp_path))
+    assert third.returncode == 3, third.stderr  # a Job's pod exits with the gang's code, again, without training
+    assert flag.read_text() == "x"

@@ -1,0 +1,123 @@
+"""`trainhook-launch kubexec` against the real control plane (Kubernetes v1.20 from tests/conftest_cluster.py), as far
+as it goes without a kubelet: the agent runs as a pod would, with a ServiceAccount token mounted at
+/var/run/secrets/kubernetes.io/serviceaccount (a private mount namespace) and KUBERNETES_SERVICE_HOST/PORT,
+finds the pod, and makes the exec call. With the chart's training ClusterRole bound, the API server authorizes
+the call and answers that the pod has no node, which the agent reports with the pod, its phase and the server's
+message; without it, the agent names the missing permission."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from kubernetes import client
+
+from chart_render import render_chart
+from conftest_cluster import control_plane, k8s_namespace, wait_for_service_account_token  # noqa: F401
+
+pytestmark = pytest.mark.cluster
+SERVICE_ACCOUNT_DIR = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run is /run
+
+
+def as_a_pod(control_plane, namespace: str, tmp_path: Path, *agent_args: str, **env: str):  # noqa: F811
+    """Run the agent with the namespace's `default` ServiceAccount, the way it runs in a pod (in-cluster config)."""
+    with control_plane.api_client() as api:
+        token = wait_for_service_account_token(api, namespace, "default")
+    secrets = tmp_path / "serviceaccount"
+    secrets.mkdir(exist_ok=True)
+    (secrets / "token").write_text(token)
+    (secrets / "namespace").write_text(namespace)
+    (secrets / "ca.crt").write_bytes(control_plane.ca_pem)
+    server = urlparse(control_plane.host)
+    script = (f"mount -t tmpfs tmpfs /run && mkdir -p {SERVICE_ACCOUNT_DIR} && cp {secrets}/* {SERVICE_ACCOUNT_DIR}/ "
+              f'&& exec {sys.executable} -m trainhook.launcher.cli kubexec "$@"')
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *agent_args],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "KUBERNETES_SERVICE_HOST": server.hostname,
+                               "KUBERNETES_SERVICE_PORT": str(server.port), **env})
+
+
+def bind_training_role(control_plane, namespace: str) -> None:  # noqa: F811
+    """The chart's training ClusterRole and its RoleBinding for the namespace's `default` ServiceAccount."""
+    manifests = render_chart({"trainingServiceAccounts": [{"name": "default", "namespace": namespace}]})
+    with control_plane.api_client() as api:
+        rbac = client.RbacAuthorizationV1Api(api)
+        for doc in manifests:
+            if doc["kind"] == "ClusterRole" and doc["metadata"]["name"].endswith("-training"):
+                try:
+                    rbac.create_cluster_role(doc)
+                except client.ApiException as e:
+                    if e.status != 409:
+                        raise
+            elif doc["kind"] == "RoleBinding" and doc["metadata"]["namespace"] == namespace:
+                rbac.create_namespaced_role_binding(namespace, doc)
+
+
+def create_pod(control_plane, namespace: str, name: str, hostname: str, containers=("mpi",),  # noqa: F811
+               annotations: dict | None = None) -> None:
+    with control_plane.api_client() as api:
+        client.CoreV1Api(api).create_namespaced_pod(namespace, {
+            "metadata": {"name": name, "labels": {"trainhook.dev/job-name": "pi"}, "annotations": annotations or {}},
+            "spec": {"hostname": hostname, "subdomain": "pi",
+                     "containers": [{"name": c, "image": "registry.example/mpi:1"} for c in containers]}})
+
+
+def test_with_the_training_role_the_exec_call_is_made_and_its_refusal_reported(
+        control_plane, k8s_namespace, tmp_path):  # noqa: F811
+    bind_training_role(control_plane, k8s_namespace)
+    create_pod(control_plane, k8s_namespace, "pi-worker-0", "pi-worker-0")
+    done = as_a_pod(control_plane, k8s_namespace, tmp_path, "-o", "ConnectionAttempts=10", "pi-worker-0.pi",
+                    "orted", "-mca", "ess", '"env"')
+    assert done.returncode == 255
+    assert done.stderr.strip() == (
+        f"trainhook-launch kubexec pi-worker-0.pi: cannot exec in pod {k8s_namespace}/pi-worker-0 (container mpi), "
+        "phase Pending, no node: pod pi-worker-0 does not have a host assigned (HTTP 400)")
+
+
+def test_a_job_pod_is_found_by_its_hostname_and_its_named_container_used(
+        control_plane, k8s_namespace, tmp_path):  # noqa: F811
+    bind_training_role(control_plane, k8s_namespace)
+    create_pod(control_plane, k8s_namespace, "pi-worker-1-x7k2p", "pi-worker-1", containers=("sidecar", "mpi"),
+               annotations={"trainhook.dev/container": "mpi"})
+    done = as_a_pod(control_plane, k8s_namespace, tmp_path, "pi-worker-1.pi", "--", "true",
+                    TRAINHOOK_JOB_NAME="pi")
+    assert done.returncode == 255
+    assert (f"cannot exec in pod {k8s_namespace}/pi-worker-1-x7k2p (container mpi), phase Pending, no node: "
+            "pod pi-worker-1-x7k2p does not have a host assigned (HTTP 400)") in done.stderr
+
+
+def test_a_missing_pod_is_named(control_plane, k8s_namespace, tmp_path):  # noqa: F811
+    bind_training_role(control_plane, k8s_namespace)
+    done = as_a_pod(control_plane, k8s_namespace, tmp_path, "pi-worker-7.pi", "true", TRAINHOOK_JOB_NAME="pi")
+    assert done.returncode == 255
+    assert done.stderr.strip() == (f"trainhook-launch kubexec pi-worker-7.pi: no pod 'pi-worker-7' in namespace "
+                                   f"'{k8s_namespace}', and no pod of gang 'pi' with that hostname")
+
+
+def test_without_the_training_role_the_agent_names_the_permission(control_plane, k8s_namespace, tmp_path):  # noqa: F811
+    create_pod(control_plane, k8s_namespace, "pi-worker-0", "pi-worker-0")
+    done = as_a_pod(control_plane, k8s_namespace, tmp_path, "pi-worker-0.pi", "true")
+    assert done.returncode == 255
+    assert (f'cannot read pod {k8s_namespace}/pi-worker-0: pods "pi-worker-0" is forbidden: User '
+            f'"system:serviceaccount:{k8s_namespace}:default" cannot get resource "pods"') in done.stderr
+    assert "bind the trainhook training ClusterRole to this pod's ServiceAccount" in done.stderr
+
+
+def test_reading_pods_is_not_enough_to_exec(control_plane, k8s_namespace, tmp_path):  # noqa: F811
+    with control_plane.api_client() as api:
+        rbac = client.RbacAuthorizationV1Api(api)
+        rbac.create_namespaced_role(k8s_namespace, {"metadata": {"name": "read-pods"}, "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})
+        rbac.create_namespaced_role_binding(k8s_namespace, {
+            "metadata": {"name": "read-pods"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-pods"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": k8s_namespace}]})
+    create_pod(control_plane, k8s_namespace, "pi-worker-0", "pi-worker-0")
+    done = as_a_pod(control_plane, k8s_namespace, tmp_path, "pi-worker-0.pi", "true")
+    assert done.returncode == 255
+    assert f"cannot exec in pod {k8s_namespace}/pi-worker-0 (container mpi)" in done.stderr
+    assert 'cannot create resource "pods/exec"' in done.stderr or 'cannot get resource "pods/exec"' in done.stderr

@@ -1,0 +1,32 @@
+"""The gang lifecycle's settings for the launcher's `run`: what to do when a member fails, the restart budget,
+the deadline, and where the pod comes from (contract section 7; docs/gang-lifecycle.md)."""
+
+from __future__ import annotations
+
+from trainhook import keys
+from trainhook.webhook.gang import Member, Problems
+
+
+def check_lifecycle_options(annotations: dict, problems: Problems) -> None:
+    """Refuse lifecycle annotations the launcher could not use (at the workload's admission and the pod's)."""
+    policy = annotations.get(keys.ON_FAILURE)
+    if policy is not None and policy not in keys.ON_FAILURE_VALUES:
+        problems.add(keys.ON_FAILURE, policy, "unknown failure policy", f"use {' or '.join(keys.ON_FAILURE_VALUES)}")
+    restarts = annotations.get(keys.MAX_RESTARTS)
+    if restarts is not None and not restarts.isdigit():
+        problems.add(keys.MAX_RESTARTS, restarts, "not a restart count", "use 0 or a positive integer")
+    deadline = annotations.get(keys.ACTIVE_DEADLINE_SECONDS)
+    if deadline is not None and not (deadline.isdigit() and int(deadline) > 0):
+        problems.add(keys.ACTIVE_DEADLINE_SECONDS, deadline, "not a number of seconds",
+                     "use a positive integer, or drop it for no deadline")
+
+
+def lifecycle_env(member: Member, workload: str, restart_policy: str) -> list[tuple[str, str]]:
+    """The pod's controller and restart policy always; the user's lifecycle annotations when set (the
+    launcher's defaults are fail-gang, 3 restarts and no deadline)."""
+    env = [(keys.TH_WORKLOAD, workload), (keys.TH_RESTART_POLICY, restart_policy)]
+    for key, name in ((keys.ON_FAILURE, keys.TH_ON_FAILURE), (keys.MAX_RESTARTS, keys.TH_MAX_RESTARTS),
+                      (keys.ACTIVE_DEADLINE_SECONDS, keys.TH_ACTIVE_DEADLINE)):
+        if key in member.options:
+            env.append((name, member.options[key]))
+    return env
