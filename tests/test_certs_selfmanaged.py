@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from trainhook.certs.build import CA_FILE, CERT_FILE, KEY_FILE, build_ca
 from trainhook.webhook import selfcerts
 from trainhook.webhook.selfcerts import Conflict, SelfManagedCerts, service_hostnames
 from webhook_process import free_port
+from helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parent.parent
@@ -43,15 +43,6 @@ HOST = "127.0.0.1"
 STRANGER_CA = build_ca("not-ours", dt.datetime.now(dt.timezone.utc)).cert_pem
 
 
-def wait_for(what: str, check, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass

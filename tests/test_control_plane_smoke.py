@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from kubernetes import client
@@ -14,19 +13,11 @@ from conftest_cluster import (  # noqa: F401  (fixtures; harmless if tests/conft
     wait_for_service_account_token,
     webhook_configuration,
 )
+from helpers import wait_for as _wait_for
 
 pytestmark = pytest.mark.cluster
 
 
-def _wait_for(what: str, check, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def test_controllers_create_pending_pods(control_plane, k8s_namespace):  # noqa: F811

@@ -20,6 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from chart_render import find, render_chart
+from helpers import wait_for
 from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from webhook_process import start_webhook
 
@@ -57,15 +58,6 @@ def example_objects() -> list[dict]:
     return [d for d in yaml.safe_load_all((ROOT / "examples/pytorch/ddp.yaml").read_text()) if d]
 
 
-def wait_for(predicate, timeout: float = 60, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(interval)
 
 
 def env_of(pod) -> dict[str, str]:
@@ -89,7 +81,7 @@ def gang_pods(api_client, namespace: str, count: int):
     def listed():
         pods = core.list_namespaced_pod(namespace, label_selector="trainhook.dev/job-name=ddp").items
         return sorted(pods, key=lambda p: p.metadata.name) if len(pods) >= count else None
-    return wait_for(listed)
+    return wait_for(f"{count} gang pods", listed, timeout=60)
 
 
 def test_the_controllers_pods_carry_the_contracts_wiring(wired_cluster, k8s_namespace):  # noqa: F811
@@ -124,8 +116,8 @@ def test_gpu_pods_get_the_gpu_toleration(wired_cluster, k8s_namespace):  # noqa:
     sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = []
     client.AppsV1Api(api_client).create_namespaced_stateful_set(ns, sts)
     core = client.CoreV1Api(api_client)
-    pod = wait_for(lambda: next(iter(core.list_namespaced_pod(ns, label_selector="trainhook.dev/job-name=gpu").items),
-                                None))
+    pod = wait_for("the GPU pod", lambda: next(iter(core.list_namespaced_pod(
+        ns, label_selector="trainhook.dev/job-name=gpu").items), None), timeout=60)
     tolerations = [(t.key, t.operator, t.effect) for t in pod.spec.tolerations]
     assert ("nvidia.com/gpu", "Exists", "NoSchedule") in tolerations
     assert env_of(pod)["PET_NPROC_PER_NODE"] == "2"
@@ -170,15 +162,15 @@ def test_webhook_down_blocks_labeled_pods_only_and_the_controller_recovers(wired
         def failed_create_seen():
             events = core.list_namespaced_event(ns).items
             return [e for e in events if e.reason == "FailedCreate" and "ddp-1" in (e.message or "")]
-        events = wait_for(failed_create_seen, timeout=30)
+        events = wait_for("a FailedCreate event for ddp-1", failed_create_seen, timeout=30)
         assert "trainhook" in events[0].message or "webhook" in events[0].message
         names = {p.metadata.name for p in core.list_namespaced_pod(ns).items}
         assert "ddp-1" not in names and "plain" in names
     finally:
         wired_cluster["hook"] = start_webhook(wired_cluster["workdir"], port=port,
                                               extra_args=["--launcher-image", "registry.example/launcher:1"])
-    pod = wait_for(lambda: next((p for p in core.list_namespaced_pod(ns).items if p.metadata.name == "ddp-1"), None),
-                   timeout=90)
+    pod = wait_for("ddp-1 recreated", lambda: next(
+        (p for p in core.list_namespaced_pod(ns).items if p.metadata.name == "ddp-1"), None), timeout=90)
     assert env_of(pod)["RANK"] == "1"
 
 
@@ -198,7 +190,7 @@ def test_indexed_jobs_are_not_available_on_1_20_and_their_pods_are_refused_clear
     def refusal():
         return [e.message for e in core.list_namespaced_event(ns).items
                 if e.reason == "FailedCreate" and "completion index" in (e.message or "")]
-    messages = wait_for(refusal, timeout=30)
+    messages = wait_for("the Job pods' refusal", refusal, timeout=30)
     assert "set spec.completionMode: Indexed on the Job" in messages[0]
 
 

@@ -26,8 +26,9 @@ import yaml
 from trainhook.webhook.gang import Denied
 from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
-from expected import env, gang_env, stamped, wired
+from expected import gang_env, stamped, wired
 from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
+from helpers import local_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -356,15 +357,7 @@ def local(manifest: Path, workdir: Path, timeout: float = 240) -> subprocess.Com
 
 def summary(stdout: str) -> dict[str, tuple[str, str, str]]:
     """POD -> (RANK, EXIT, STATUS) from the run's closing table."""
-    lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("POD "))
-    rows = {}
-    for line in lines[start + 1:]:
-        if line.startswith("run "):
-            break
-        cells = line.split()
-        rows[cells[0]] = (cells[1], cells[2], cells[4])
-    return rows
+    return {pod: (cells[0], cells[1], cells[3]) for pod, cells in local_summary(stdout).items()}
 
 
 def mutated_env(workdir: Path) -> dict[str, dict[str, str]]:

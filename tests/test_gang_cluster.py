@@ -25,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from chart_render import find, render_chart
+from helpers import wait_for
 from conftest_cluster import (  # noqa: F401  (fixtures)
     control_plane,
     k8s_namespace,
@@ -36,15 +37,6 @@ pytestmark = pytest.mark.cluster
 NAME = "solo"
 
 
-def wait_for(what: str, check, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def free_port() -> int:

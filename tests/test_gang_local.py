@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import yaml
+from helpers import local_summary as summary
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "gang"
@@ -78,17 +79,6 @@ def runs(stdout: str) -> dict[int, list[int]]:
     return started
 
 
-def summary(stdout: str) -> dict[str, list[str]]:
-    """POD -> [RANK, EXIT, DURATION, STATUS] from the summary table."""
-    lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("POD "))
-    rows = {}
-    for line in lines[start + 1:]:
-        if line.startswith("run "):
-            break
-        cells = line.split()
-        rows[cells[0]] = cells[1:]
-    return rows
 
 
 def outcome(tmp_path: Path) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from trainhook.local.network import list_run_namespaces
+from helpers import local_summary as summary
 
 ROOT = Path(__file__).resolve().parents[1]
 DDP = ROOT / "examples" / "pytorch" / "ddp.yaml"
@@ -36,17 +37,6 @@ def local(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedPro
                           timeout=timeout, cwd=ROOT, **kwargs)
 
 
-def summary(stdout: str) -> dict[str, list[str]]:
-    """POD -> [RANK, EXIT, DURATION, STATUS] from the summary table."""
-    lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("POD "))
-    rows = {}
-    for line in lines[start + 1:]:
-        if line.startswith("run "):
-            break
-        cells = line.split()
-        rows[cells[0]] = cells[1:]
-    return rows
 
 
 def write(tmp_path: Path, text: str) -> Path:

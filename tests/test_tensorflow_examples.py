@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from objects import pod_of_job, review
+from helpers import local_summary as summary
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "tensorflow"
@@ -79,16 +80,6 @@ def local(manifest: Path, tmp_path: Path, timeout: float = 420) -> subprocess.Co
                           cwd=ROOT)
 
 
-def summary(stdout: str) -> dict[str, list[str]]:
-    """POD -> [RANK, EXIT, DURATION, STATUS] from `trainhook local`'s summary table."""
-    lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("POD "))
-    rows = {}
-    for line in lines[start + 1:]:
-        if line.startswith("run "):
-            break
-        rows[line.split()[0]] = line.split()[1:]
-    return rows
 
 
 def test_the_mirrored_example_trains_two_workers_in_sync_to_equal_weights(tmp_path):
