@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from trainhook.launcher import gang_protocol as wire
+from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import Gang
 from trainhook.launcher.lifecycle import (ACTIVE_DEADLINE_SECONDS, EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED,
                                           FAILED, RESTART_GANG, SUCCEEDED, Outcome, Policy, now_rfc3339, retryable)
@@ -434,14 +435,3 @@ class Coordinator:
             self.state.lost(rank, connection)
             self._flush()
 
-
-KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
-
-
-def set_keepalive(sock: socket.socket) -> None:
-    """A vanished node (no FIN ever comes) turns into a closed connection in about 25 s."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
-                        ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)

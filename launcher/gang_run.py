@@ -36,7 +36,8 @@ from typing import Mapping, Sequence
 
 from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher import outcome_api
-from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, Report, set_keepalive
+from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, Report
+from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
 from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, read_settings)
 from trainhook.launcher.run import FORWARDED, Training, reap_exited, run_command

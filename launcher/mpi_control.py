@@ -43,6 +43,7 @@ from typing import Mapping
 
 from trainhook import keys
 from trainhook.launcher.gang import Gang, Peer
+from trainhook.launcher.gang_protocol import set_keepalive
 
 PROTOCOL = "trainhook-mpi/1"
 # Where workers listen: the gang's port (TRAINHOOK_PORT, the `trainhook.dev/port` annotation), 29498 by default
@@ -53,7 +54,6 @@ CONTROL_PORT = 29498
 EXIT_LAUNCHER_LOST = 129
 LINE_LIMIT = 4096
 HELLO_TIMEOUT = 10.0
-KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
 TRANSPORTS = ("kubexec", "ssh", "local")
 AGENT_DIR = PurePosixPath("/etc/mpi")  # the only place a worker writes the agent a launcher asks for
 
@@ -82,13 +82,6 @@ def proof(token: bytes, role: str, challenge: str) -> str:
 def challenge() -> str:
     return secrets.token_hex(16)
 
-
-def set_keepalive(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
-                        ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 class LineSocket:

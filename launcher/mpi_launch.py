@@ -37,7 +37,7 @@ from trainhook.launcher import kubexec as kubexec_module
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_worker
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
-from trainhook.launcher.run import FORWARDED, exit_code, wait_for
+from trainhook.launcher.run import SignalForwarder, exit_code, wait_for
 from trainhook.launcher.wait import describe, why
 from trainhook.webhook.frameworks import mpi
 from trainhook.webhook.gang import Shape
@@ -202,46 +202,33 @@ class Watch:
 
 def run_mpi(argv: Sequence[str], env: Mapping[str, str], links: Sequence[control.WorkerLink]) -> tuple[int, bool]:
     """Run mpirun with signals forwarded and the workers watched; (exit code, whether a worker was lost)."""
-    child: subprocess.Popen[bytes] | None = None
-    pending: list[int] = []
     stopping = threading.Event()
-
-    def forward(signum: int, _frame: object) -> None:
-        if child is None:
-            pending.append(signum)
-            return
-        try:
-            os.kill(child.pid, signum)
-        except ProcessLookupError:
-            pass
+    forward = SignalForwarder()
 
     def stop() -> None:
-        if stopping.is_set() or child is None:
+        if stopping.is_set() or forward.child is None:
             return
         stopping.set()
-        forward(signal.SIGTERM, None)
-        timer = threading.Timer(STOP_GRACE, lambda: forward(signal.SIGKILL, None))
+        forward(signal.SIGTERM)
+        timer = threading.Timer(STOP_GRACE, lambda: forward(signal.SIGKILL))
         timer.daemon = True
         timer.start()
 
-    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     watch = Watch(links, stop)
-    try:
+    with forward:
         try:
-            child = subprocess.Popen(list(argv), env=dict(env))
-        except OSError as e:
-            say(f"cannot start {argv[0]}: {e.strerror or e}")
-            return 127 if isinstance(e, FileNotFoundError) else 126, False
-        for signum in pending:
-            forward(signum, None)
-        watch.start()
-        status = wait_for(child.pid, reap_all=os.getpid() == 1)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        return exit_code(status), bool(watch.lost)
-    finally:
-        watch.finish()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            try:
+                child = subprocess.Popen(list(argv), env=dict(env))
+            except OSError as e:
+                say(f"cannot start {argv[0]}: {e.strerror or e}")
+                return 127 if isinstance(e, FileNotFoundError) else 126, False
+            forward.attach(child)
+            watch.start()
+            status = wait_for(child.pid, reap_all=os.getpid() == 1)
+            child.returncode = os.waitstatus_to_exitcode(status)
+            return exit_code(status), bool(watch.lost)
+        finally:
+            watch.finish()
 
 
 def tell_workers(links: Sequence[control.WorkerLink], code: int, why_text: str) -> None:

@@ -64,26 +64,42 @@ def wait_for(pid: int, reap_all: bool) -> int:
             return status
 
 
-def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-    """Run `argv` as a child with signals forwarded; return its exit code (128+N if killed by signal N).
+class SignalForwarder:
+    """Forwards the FORWARDED signals to a child that may not exist yet: one arriving before the child does is
+    delivered as soon as it exists, so a quick `kubectl delete` is never lost. A context manager: the previous
+    handlers come back on exit. Must be entered on the main thread (Python delivers signals there)."""
 
-    Must be called from the main thread (Python delivers signals there). A signal that arrives before the
-    child exists is delivered to it as soon as it does, so a quick `kubectl delete` is never lost.
-    """
-    child: subprocess.Popen[bytes] | None = None
-    pending: list[int] = []
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.pending: list[int] = []
+        self.previous: dict = {}
 
-    def forward(signum: int, _frame: object) -> None:
-        if child is None:
-            pending.append(signum)
+    def __call__(self, signum: int, _frame: object = None) -> None:
+        if self.child is None:
+            self.pending.append(signum)
             return
         try:
-            os.kill(child.pid, signum)
+            os.kill(self.child.pid, signum)
         except ProcessLookupError:
             pass  # it exited already; its status is being collected
 
-    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
-    try:
+    def attach(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        for signum in self.pending:
+            self(signum)
+
+    def __enter__(self) -> SignalForwarder:
+        self.previous = {signum: signal.signal(signum, self) for signum in FORWARDED}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """Run `argv` as a child with signals forwarded; return its exit code (128+N if killed by signal N)."""
+    with SignalForwarder() as forward:
         try:
             child = subprocess.Popen(list(argv), env=None if env is None else dict(env))
         except FileNotFoundError:
@@ -92,14 +108,10 @@ def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> in
         except OSError as e:  # not executable, a directory, a bad interpreter line
             print(f"trainhook-launch: cannot execute {argv[0]}: {e.strerror or e}", file=sys.stderr, flush=True)
             return EXIT_CANNOT_EXECUTE
-        for signum in pending:
-            forward(signum, None)
+        forward.attach(child)
         status = wait_for(child.pid, reap_all=os.getpid() == 1)
         child.returncode = os.waitstatus_to_exitcode(status)  # collected here: Popen must not wait again
         return exit_code(status)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
