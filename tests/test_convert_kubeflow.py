@@ -190,3 +190,26 @@ def test_an_mpijob_becomes_a_launcher_and_workers_with_the_mpi_keys(example):
     else:
         assert launcher["metadata"]["annotations"][keys.CONTAINER] == "mpi"
         assert any("the workers had no command" in w for w in converted.warnings)
+
+
+# The launcher's variables Kubeflow's MPI controllers inject (training-operator pkg/controller.v1/mpi and
+# mpi-operator v2 pkg/controller/mpi_job_controller.go; tests/test_mpi_webhook.py compares them one by one):
+# the hostfile and rsh agent at Kubeflow's paths, FQDN hostnames, the slots, and no GPU for a GPU-less launcher.
+KUBEFLOW_MPI_LAUNCHER = {"OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+                         "OMPI_MCA_plm_rsh_agent": "/etc/mpi/kubexec.sh",
+                         "OMPI_MCA_orte_keep_fqdn_hostnames": "true", "OMPI_MCA_orte_set_default_slots": "1",
+                         "NVIDIA_VISIBLE_DEVICES": "", "NVIDIA_DRIVER_CAPABILITIES": "", "K_MPI_JOB_ROLE": "launcher"}
+
+
+@pytest.mark.parametrize("example", ["mpijob-v1.yaml", "mpijob-v2beta1.yaml"])
+def test_a_converted_mpijobs_pods_get_the_environment_kubeflow_gives_them(example):
+    text = (KUBEFLOW / example).read_text()
+    explained = explain_text(to_yaml(convert_text(text, example).objects))
+    name = yaml.safe_load(text)["metadata"]["name"]
+    by_name = {item.pod["metadata"]["name"]: dict(item.injected) for item in explained.pods}
+    assert sorted(by_name) == [f"{name}-launcher-0", f"{name}-worker-0", f"{name}-worker-1"]
+    launcher = by_name[f"{name}-launcher-0"]
+    assert {k: launcher.get(k) for k in KUBEFLOW_MPI_LAUNCHER} == KUBEFLOW_MPI_LAUNCHER
+    for worker in (by_name[f"{name}-worker-0"], by_name[f"{name}-worker-1"]):
+        assert worker["K_MPI_JOB_ROLE"] == "worker" and "OMPI_MCA_plm_rsh_agent" not in worker
+    assert [by_name[n][keys.TH_RANK] for n in sorted(by_name)] == ["0", "1", "2"]
