@@ -39,6 +39,8 @@ EXIT_TIMEOUT = 124
 _CHUNK = 65536
 RESTART_BACKOFF, MAX_BACKOFF = 0.5, 10.0  # the kubelet's is 10 s doubling to 5 min; a local run keeps it short
 WATCH_EVERY = 0.2
+# After a member fails, the other containers get this long to end on their own before the runner stops them.
+FAILURE_SETTLE = 2.0
 PARKED = "parked"
 
 
@@ -301,8 +303,11 @@ class Supervisor:
             return
         self._stop("Interrupted", code, f"interrupted by {signal.Signals(code - 128).name}")
 
-    def _stop(self, reason: str, code: int, why: str) -> None:
-        """Stop every running container (SIGTERM, then SIGKILL after the grace period); nothing new starts."""
+    def _stop(self, reason: str, code: int, why: str, settle: float = 0.0) -> None:
+        """Stop every running container (SIGTERM, then SIGKILL after the grace period); nothing new starts.
+        With `settle`, containers first get that long to end on their own: after a member's failure, a gang's
+        own channel (the launchers', MPI's) usually ends the others at once, each with the code the gang
+        decided, which the runner's SIGTERM would otherwise race with (no kubelet stops other pods)."""
         if self._stopping:
             return
         self._stopping = True
@@ -310,17 +315,22 @@ class Supervisor:
         if not self._first_failure:
             self._first_failure = why
         for proc, pod in list(self._live.items()):
-            self._terminate_later(proc, pod)
+            self._terminate_later(proc, pod, settle)
 
-    def _terminate_later(self, proc: asyncio.subprocess.Process, pod: LocalPod) -> None:
-        if proc in self._records:
-            self._records[proc].stopped = True
-        task = asyncio.create_task(self._terminate(proc, pod))
+    def _terminate_later(self, proc: asyncio.subprocess.Process, pod: LocalPod, settle: float = 0.0) -> None:
+        task = asyncio.create_task(self._terminate(proc, pod, settle))
         self._stop_tasks.add(task)
         task.add_done_callback(self._stop_tasks.discard)
 
-    async def _terminate(self, proc: asyncio.subprocess.Process, pod: LocalPod) -> None:
+    async def _terminate(self, proc: asyncio.subprocess.Process, pod: LocalPod, settle: float = 0.0) -> None:
         grace = pod.grace_seconds if self.grace_override is None else self.grace_override
+        if settle and proc.returncode is None:
+            try:
+                await asyncio.wait_for(exited(proc), timeout=settle)
+            except asyncio.TimeoutError:
+                pass
+        if proc.returncode is None and proc in self._records:
+            self._records[proc].stopped = True
         if proc.returncode is None:
             try:
                 proc.send_signal(signal.SIGTERM)
@@ -334,7 +344,7 @@ class Supervisor:
 
     def _failed(self, pod: LocalPod, spec: ContainerSpec, code: int) -> None:
         if not self._stopping:
-            self._stop("Failed", code, f"{pod.name}/{spec.name} exited with {code}")
+            self._stop("Failed", code, f"{pod.name}/{spec.name} exited with {code}", settle=FAILURE_SETTLE)
 
     # --- pods and containers ------------------------------------------------------------------------------
     async def _run_pod(self, pod: LocalPod) -> None:
