@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint clean bench helm-lint helm-template images e2e-kind k8s-build cluster-up cluster-down
+.PHONY: demo test install lint clean bench bench-gang fuzz helm-lint helm-template images e2e-kind k8s-build cluster-up cluster-down
 
 demo: install  ## create the virtualenv, install, and train examples/pytorch/ddp.yaml on 4 local pods
 	$(BIN)/trainhook local examples/pytorch/ddp.yaml
@@ -26,10 +26,19 @@ $(STAMP):
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
 
-bench: install  ## admission throughput/latency against the yardstick; writes bench/results/ (see docs/performance.md)
+bench: install  ## admission benchmark against the yardstick, and the plots (~8 min); see docs/performance.md
 	$(BIN)/pip install --quiet matplotlib
 	$(BIN)/python bench/admission.py
 	$(BIN)/python bench/plot.py
+
+bench-gang: install  ## gang start of 8 local pods: trainhook local against torchrun by hand (root, ~10 min)
+	$(BIN)/pip install --quiet matplotlib
+	$(BIN)/python bench/gang_start.py
+	$(BIN)/python bench/plot.py
+
+fuzz: install  ## atheris fuzzing of the review handler, 2,000,000 runs (~4 min)
+	$(BIN)/pip install --quiet atheris
+	$(BIN)/python bench/fuzz/fuzz_review.py -runs=2000000 -print_final_stats=1 bench/fuzz/corpus
 
 CHART := charts/trainhook
 helm-lint:  ## helm lint --strict the chart (Helm v4 fetched by hack/get_helm.py)

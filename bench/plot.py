@@ -1,8 +1,11 @@
-"""Plot bench/results/admission.json into docs/performance-admission.png (throughput and latency)."""
+"""Plot the benchmark results: bench/results/admission.json into docs/performance-admission.png (throughput,
+server CPU per review, latency), and bench/results/gang_start.json, when present, into
+docs/performance-gang-start.png."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -11,29 +14,90 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 SERIES = (("yardstick", "yardstick (parse, allow)"), ("gang2", "trainhook, 2-pod gang"),
           ("gang1024", "trainhook, 1024-pod gang"))
+COLORS = ("grey", "C0", "C1")
+
+
+def plot_admission(results: dict) -> None:
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
+    names = [label.replace(", ", ",\n") for _, label in SERIES]
+    throughput = [results[key]["throughput_rps"] for key, _ in SERIES]
+    low = [t - results[key]["throughput_min_max"][0] for t, (key, _) in zip(throughput, SERIES)]
+    high = [results[key]["throughput_min_max"][1] - t for t, (key, _) in zip(throughput, SERIES)]
+    left.bar(names, throughput, yerr=[low, high], capsize=4, color=COLORS)
+    left.set_ylabel("reviews / s at saturation (median, min-max)")
+    left.set_title("throughput, one server process", fontsize=10)
+    cpu = [results[key]["server_cpu_us_per_review"] for key, _ in SERIES]
+    middle.bar(names, cpu, color=COLORS)
+    for i, value in enumerate(cpu):
+        middle.annotate(f"{value:.0f} µs\n×{value / cpu[0]:.1f}", (i, value), ha="center", va="bottom", fontsize=8)
+    middle.set_ylabel("server CPU time per review (µs)")
+    middle.set_ylim(0, max(cpu) * 1.25)
+    middle.set_title("cost: the server's own CPU time", fontsize=10)
+    for (key, label), color in zip(SERIES, COLORS):
+        fixed = results[key]["fixed"]
+        rates = [f["rate"] for f in fixed]
+        right.plot(rates, [f["p50_ms"] for f in fixed], marker="o", color=color, label=f"{label} p50")
+        right.plot(rates, [f["p99_ms"] for f in fixed], marker="x", linestyle="--", color=color, label=f"{label} p99")
+    right.set_xlabel("offered rate (reviews / s)")
+    right.set_ylabel("latency (ms), median of repetitions")
+    right.set_xscale("log")
+    right.set_xticks(rates, [str(r) for r in rates])
+    right.minorticks_off()
+    right.set_yscale("log")
+    right.legend(fontsize=7)
+    right.set_title("latency at fixed rates", fontsize=10)
+    machine = results["machine"]
+    fig.suptitle(f"Admission over TLS with keep-alive ({machine['cores']} cores: server pinned to one, load generator "
+                 f"to the other; Python {machine['python']}, aiohttp {machine['aiohttp']}; "
+                 f"{results['repeat']}× {results['seconds']:g} s per figure)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(ROOT / "docs" / "performance-admission.png", dpi=110)
+
+
+def plot_gang_start(results: dict) -> None:
+    runs = results["runs"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.4]})
+    labels = {"torchrun": "torchrun by hand", "trainhook": "trainhook local"}
+    data = [[r["gang_start_s"] for r in runs[name]] for name in labels]
+    left.boxplot(data, showmeans=False)
+    left.set_xticks([1, 2], list(labels.values()))
+    for i, values in enumerate(data, start=1):
+        left.scatter([i] * len(values), values, s=12, color="k", zorder=3)
+    left.set_ylabel("s, last pod started → every rank in its loop")
+    left.set_title(f"{results['pods']} pods, {len(data[0])} runs each", fontsize=10)
+    # Where the time goes, medians: pods started -> torch imported -> process group -> in the loop.
+    stages = (("last_main_start_s", "last training container started (trainhook: after its gang wait)"),
+              ("last_import_s", "torch imported (last rank)"), ("last_process_group_s", "process group formed"),
+              ("gang_start_s", "every rank in its loop"))
+    for row, name in enumerate(labels):
+        previous = 0.0
+        for (key, stage), color in zip(stages, ("C3", "C2", "C0", "C1")):
+            value = statistics.median(r[key] for r in runs[name])
+            width = max(0.0, value - previous)
+            right.barh(row, width, left=previous, color=color, label=stage if row == 1 else None)
+            previous = max(previous, value)
+    right.set_yticks([0, 1], list(labels.values()))
+    right.set_xlabel("s after the last pod's start (medians)")
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    right.set_title("where the time goes", fontsize=10)
+    machine = results["machine"]
+    fig.suptitle(f"Gang start ({machine['cores']} cores shared by every pod; torch {machine['torch']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(ROOT / "docs" / "performance-gang-start.png", dpi=110)
 
 
 def main() -> None:
-    results = json.loads((ROOT / "bench" / "results" / "admission.json").read_text())
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    names = [label for _, label in SERIES]
-    left.bar(names, [results[key]["throughput_rps"] for key, _ in SERIES], color=["grey", "C0", "C1"])
-    left.set_ylabel("reviews / s at saturation (one server process)")
-    left.tick_params(axis="x", labelrotation=12)
-    for key, label in SERIES:
-        fixed = results[key]["fixed"]
-        rates = [f["rate"] for f in fixed]
-        right.plot(rates, [f["p50_ms"] for f in fixed], marker="o", label=f"{label} p50")
-        right.plot(rates, [f["p99_ms"] for f in fixed], marker="x", linestyle="--", label=f"{label} p99")
-    right.set_xlabel("offered rate (reviews / s)")
-    right.set_ylabel("latency (ms)")
-    right.set_yscale("log")
-    right.legend(fontsize=7)
-    fig.suptitle("Admission over TLS with keep-alive")
-    fig.tight_layout()
-    fig.savefig(ROOT / "docs" / "performance-admission.png", dpi=110)
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON results are (default %(default)s)")
+    results = parser.parse_args().results
+    plot_admission(json.loads((results / "admission.json").read_text()))
+    gang = results / "gang_start.json"
+    if gang.exists():
+        plot_gang_start(json.loads(gang.read_text()))
 
 
 if __name__ == "__main__":
