@@ -62,13 +62,19 @@ class LineReader:
                 return None
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
-        try:
-            value = json.loads(line)
-        except ValueError as e:
-            raise Refused(f"not JSON: {line[:80]!r}") from e
-        if not isinstance(value, dict):
+        value = json_object(line)
+        if value is None:
             raise Refused(f"not a JSON object: {line[:80]!r}")
         return value
+
+
+def json_object(line: bytes) -> dict | None:
+    """The JSON object one line of a channel carries, or None when the line is not one."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def send_plain(sock: socket.socket, message: dict) -> None:

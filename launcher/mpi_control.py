@@ -43,7 +43,7 @@ from typing import Mapping
 
 from trainhook import keys
 from trainhook.launcher.gang import Gang, Peer
-from trainhook.launcher.gang_protocol import set_keepalive
+from trainhook.launcher.gang_protocol import json_object, set_keepalive
 
 PROTOCOL = "trainhook-mpi/1"
 # Where workers listen: the gang's port (TRAINHOOK_PORT, the `trainhook.dev/port` annotation), 29498 by default
@@ -103,11 +103,8 @@ class LineSocket:
         if b"\n" not in self.buffer:
             return None
         line, self.buffer = self.buffer.split(b"\n", 1)
-        try:
-            message = json.loads(line)
-        except ValueError as e:
-            raise ControlError(f"not a trainhook control message: {line[:80]!r}") from e
-        if not isinstance(message, dict):
+        message = json_object(line)
+        if message is None:
             raise ControlError(f"not a trainhook control message: {line[:80]!r}")
         return message
 
