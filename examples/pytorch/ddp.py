@@ -8,6 +8,7 @@ identical parameters (DDP's promise), printed as a digest the tests compare acro
 
 import hashlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -60,3 +61,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # torch 2.13's CPU gloo now and then aborts in its C++ static destructors at interpreter exit ("terminate
+    # called without an active exception"), after the training has finished and the group is destroyed: leave
+    # without running them, so a finished training never reports a failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
