@@ -192,25 +192,26 @@ def set_tolerations(spec: dict, gpus: int, settings: Settings) -> None:
         spec["tolerations"] = tolerations
 
 
-def gang_wait_container(member: Member, settings: Settings) -> dict:
-    """The init container that holds the pod until every peer resolves (or accepts connections)."""
+def gang_wait_container(gang: list[tuple[str, str]], settings: Settings) -> dict:
+    """The init container that holds the pod until every peer resolves (or accepts connections); `gang` is
+    the member's TRAINHOOK_* variables."""
     return {
         "name": keys.GANG_WAIT_CONTAINER,
         "image": settings.launcher_image,
         "command": ["trainhook-launch", "wait"],
-        "env": [{"name": n, "value": v} for n, v in gang_env(member, settings)],
+        "env": [{"name": n, "value": v} for n, v in gang],
         "resources": copy.deepcopy(settings.init_resources),
         "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
                             "capabilities": {"drop": ["ALL"]}},
     }
 
 
-def set_gang_wait(spec: dict, member: Member, settings: Settings) -> None:
+def set_gang_wait(spec: dict, member: Member, gang: list[tuple[str, str]], settings: Settings) -> None:
     if member.option(keys.GANG_WAIT, "dns") == "none":
         return
     init = spec.get("initContainers") or []
     if not any(c.get("name") == keys.GANG_WAIT_CONTAINER for c in init):
-        spec["initContainers"] = [gang_wait_container(member, settings)] + init
+        spec["initContainers"] = [gang_wait_container(gang, settings)] + init
 
 
 def set_address(pod: dict, member: Member, problems: Problems) -> None:
@@ -242,12 +243,13 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     gpus = gpu_count(container)
     kind, owner = controller_of(pod)
     workload = f"{kind}/{owner}" if kind else f"Pod/{pod['metadata'].get('name', '')}"
-    injected = (framework_env(member, gpus, problems) + gang_env(member, settings)
+    gang = gang_env(member, settings)
+    injected = (framework_env(member, gpus, problems) + gang
                 + lifecycle_env(member, workload, spec.get("restartPolicy", "Always")))
     set_address(pod, member, problems)
     set_env(container, injected, warnings)
     framework_pod_hook(member, spec, container, problems)
     set_tolerations(spec, gpus, settings)
-    set_gang_wait(spec, member, settings)
+    set_gang_wait(spec, member, gang, settings)
     set_gang_scheduling(pod, member, problems, warnings)
     return pod, problems
