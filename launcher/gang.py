@@ -103,9 +103,10 @@ def parse_pairs(name: str, text: str, problems: list[str]) -> list[tuple[str, st
     return pairs
 
 
-def _number(env: Mapping[str, str], name: str, default: float | None, low: float, high: float,
-            problems: Problems, integer: bool = True) -> float | None:
-    """A numeric variable within [low, high], or `default` when unset (None default: required)."""
+def parse_number(env: Mapping[str, str], name: str, default: float | None, low: float, high: float,
+                 problems: list[str], integer: bool = True) -> float | None:
+    """A numeric variable within [low, high], or `default` when unset (None default: required, and then
+    `problems` must be a `Problems`); None, with the reason in `problems`, when it is malformed."""
     text = env.get(name, "").strip()
     if not text:
         if default is None:
@@ -165,16 +166,16 @@ def parse_gang(env: Mapping[str, str]) -> Gang:
                         f"({', '.join(keys.ROLES)})")
     job_name, namespace = required(keys.TH_JOB_NAME), required(keys.TH_NAMESPACE)
     role, subdomain = required(keys.TH_ROLE), required(keys.TH_SUBDOMAIN)
-    index = _number(env, keys.TH_INDEX, None, 0, 1 << 31, problems)
+    index = parse_number(env, keys.TH_INDEX, None, 0, 1 << 31, problems)
     shape = _shape(env, problems)
     hosts_text = required(keys.TH_HOSTS)
     hosts = dict(parse_pairs(keys.TH_HOSTS, hosts_text, problems) or []) if hosts_text else {}
-    port = _number(env, keys.TH_PORT, keys.DEFAULT_PORT.get(framework, 0), 0, 65535, problems)
+    port = parse_number(env, keys.TH_PORT, keys.DEFAULT_PORT.get(framework, 0), 0, 65535, problems)
     gang_wait = env.get(keys.TH_GANG_WAIT, "").strip() or "dns"
     if gang_wait not in keys.GANG_WAIT_MODES:
         problems.append(f"{keys.TH_GANG_WAIT}={gang_wait!r}: use one of {', '.join(keys.GANG_WAIT_MODES)}")
-    wait_port = _number(env, keys.TH_GANG_WAIT_PORT, keys.GANG_WAIT_PORT, 1, 65535, problems)
-    timeout = _number(env, keys.TH_WAIT_TIMEOUT, 600.0, 0.0, 1e9, problems, integer=False)
+    wait_port = parse_number(env, keys.TH_GANG_WAIT_PORT, keys.GANG_WAIT_PORT, 1, 65535, problems)
+    timeout = parse_number(env, keys.TH_WAIT_TIMEOUT, 600.0, 0.0, 1e9, problems, integer=False)
 
     rank = -1
     if shape is not None:

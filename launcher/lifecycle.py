@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from trainhook import keys
-from trainhook.launcher.gang import ConfigError, Gang
+from trainhook.launcher.gang import ConfigError, Gang, parse_number
 
 ON_FAILURE, ACTIVE_DEADLINE_SECONDS = keys.ON_FAILURE, keys.ACTIVE_DEADLINE_SECONDS
 PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE = keys.PHASE, keys.PHASE_TIME, keys.PHASE_REASON, keys.EXIT_CODE
@@ -89,18 +89,9 @@ class Settings:
 
 def _number(env: Mapping[str, str], name: str, default: float, problems: list[str], integer: bool = False,
             low: float = 0.0, high: float = 1e9) -> float:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(int(text)) if integer else float(text)
-    except ValueError:
-        problems.append(f"{name}={text!r}: not {'an integer' if integer else 'a number'}")
-        return default
-    if not low <= value <= high:
-        problems.append(f"{name}={text!r}: out of range {low:g}..{high:g}")
-        return default
-    return value
+    """`parse_number` with the default kept when the value is malformed (the problem is still reported)."""
+    value = parse_number(env, name, default, low, high, problems, integer)
+    return default if value is None else float(value)
 
 
 def workload_of(env: Mapping[str, str], gang: Gang) -> tuple[str, str]:
