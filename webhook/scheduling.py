@@ -43,10 +43,19 @@ def set_priority_class(spec: dict, wanted: str, warnings: list[str]) -> None:
                         f"{keys.PRIORITY_CLASS} asks for {wanted}")
 
 
+def writable_metadata(pod: dict) -> tuple[dict, dict]:
+    """New metadata, labels and annotations for the pod, to write into: the pod mutation shares the review's
+    own (see `pods.writable`), which must stay as they came."""
+    meta = pod["metadata"] = dict(pod["metadata"])
+    labels = meta["labels"] = dict(meta.get("labels") or {})
+    annotations = meta["annotations"] = dict(meta.get("annotations") or {})
+    return labels, annotations
+
+
 def set_gang_scheduling(pod: dict, member: Member, problems: Problems, warnings: list[str]) -> None:
     """Label the pod for its gang scheduler (when `gang-scheduler` names one)."""
     scheduler = member.option(keys.GANG_SCHEDULER)
-    spec, meta = pod["spec"], pod["metadata"]
+    spec = pod["spec"]
     set_priority_class(spec, member.option(keys.PRIORITY_CLASS), warnings)
     if not scheduler:
         return
@@ -56,8 +65,7 @@ def set_gang_scheduling(pod: dict, member: Member, problems: Problems, warnings:
         return
     minimum = min_available(member, problems)
     queue = member.option(keys.QUEUE)
-    labels = meta.setdefault("labels", {})
-    annotations = meta.setdefault("annotations", {})
+    labels, annotations = writable_metadata(pod)
     if scheduler == "kueue":
         if not queue:
             problems.add(keys.QUEUE, None, "Kueue admits pods through a LocalQueue",

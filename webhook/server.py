@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainhook.webhook.observability import Metrics, configure_logging
-from trainhook.webhook.review import BadReview, review
+from trainhook.webhook.review import BadReview, json_bytes, review
 from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client, service_hostnames
 from trainhook.webhook.settings import (CERT_ENV, CERT_MODES, CertSettings, Settings, cert_settings_from_env,
                                         parse_sans, parse_tolerations, settings_from_env)
@@ -80,11 +80,14 @@ async def mutate_handler(request: web.Request) -> web.Response:
 
 async def answer_review(request: web.Request) -> web.Response:
     metrics, started = request.app[METRICS], time.perf_counter()
-    try:
-        async with asyncio.timeout(BODY_DEADLINE):
-            raw = await request.read()
-    except TimeoutError:
-        return bad_request(metrics, f"the body did not arrive within {BODY_DEADLINE:.0f} s")
+    if request.content.is_eof():  # the whole body came with the headers (a pod review does): no wait, no timer
+        raw = await request.read()
+    else:
+        try:
+            async with asyncio.timeout(BODY_DEADLINE):
+                raw = await request.read()
+        except TimeoutError:
+            return bad_request(metrics, f"the body did not arrive within {BODY_DEADLINE:.0f} s")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -93,14 +96,14 @@ async def answer_review(request: web.Request) -> web.Response:
         reviewed = review(body, request.app[SETTINGS])
     except BadReview as e:
         return bad_request(metrics, str(e))
-    metrics.admissions.labels(reviewed.kind, reviewed.outcome).inc()
+    metrics.admitted(reviewed.kind, reviewed.outcome)
     for reason in reviewed.reasons:
         metrics.refusals.labels(reason).inc()
     metrics.latency.observe(time.perf_counter() - started)
     if reviewed.outcome == "denied":
         log.info("denied", extra={"kind": reviewed.kind, "uid": reviewed.answer["response"]["uid"],
                                   "reasons": reviewed.reasons})
-    return web.json_response(reviewed.answer)
+    return web.Response(body=json_bytes(reviewed.answer), content_type="application/json")
 
 
 async def health_handler(request: web.Request) -> web.Response:
