@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainhook.local.pods import PODINIT
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gang_train.py"
 JOB, NAMESPACE, PORT = "gs", "default", 23456
@@ -91,9 +93,9 @@ def traced_local(events_file: str, args: list[str]) -> int:
 
 def pod_command(argv: list[str]) -> tuple[str, list[str]]:
     """(hostname, command) of a spawn through LocalPod.entry_argv; ("", []) for anything else."""
-    if "trainhook.local.podinit" not in argv:
+    if PODINIT not in argv:
         return "", []
-    rest = argv[argv.index("trainhook.local.podinit"):]
+    rest = argv[argv.index(PODINIT):]
     return rest[rest.index("--hostname") + 1], rest[rest.index("--") + 1:]
 
 

@@ -13,13 +13,10 @@ import sys
 from typing import Sequence
 
 from trainhook import keys
-from trainhook.launcher import kubexec as kubexec_module
-from trainhook.launcher import mpi_launch
-from trainhook.launcher import run as run_module
-from trainhook.launcher import tf_config as tf_config_module
-from trainhook.launcher import torchrun as torchrun_module
-from trainhook.launcher import wait as wait_module
 from trainhook.launcher.gang import ConfigError, parse_gang
+
+# The modules behind the commands are imported when their command runs: the gang-wait init container starts
+# once in every pod, beside the training's own start, and the MPI launcher's modules alone took 30 ms of it.
 
 EXIT_USAGE = 2
 PASSTHROUGH = ("run", "torchrun")  # subcommands whose arguments belong to the command they start
@@ -60,6 +57,22 @@ instead. torchrun flags given before SCRIPT win over the environment, e.g.
 The command is printed to stderr, then run as `run` runs a command (signals forwarded, exit code kept)."""
 
 
+TF_CONFIG_HELP = f"""\
+Print this pod's TF_CONFIG on stdout, built from {keys.TH_REPLICAS}, {keys.TH_HOSTS}, {keys.TH_SUBDOMAIN},
+{keys.TH_ROLE}, {keys.TH_INDEX} and {keys.TH_PORT}: the same JSON the webhook injects, e.g.
+  export TF_CONFIG="$(trainhook-launch tf-config)"
+A gang of one pod prints {{}} (no cluster: TensorFlow trains locally), as a Kubeflow TFJob with one
+replica gets no TF_CONFIG."""
+
+KUBEXEC_HELP = """\
+The rsh agent mpirun starts its remote daemons with (the webhook points OMPI_MCA_plm_rsh_agent,
+I_MPI_HYDRA_BOOTSTRAP_EXEC and HYDRA_LAUNCHER_EXEC at /etc/mpi/kubexec.sh, which `trainhook-launch mpirun`
+writes to call this). Runs CMD in POD as `/bin/sh -c "CMD ARGS"`, like ssh, through the transport chosen by
+--transport or TRAINHOOK_MPI_TRANSPORT: kubexec (the Kubernetes exec API with the pod's ServiceAccount; the
+default in a cluster), ssh (keys from a Secret, sshd in the workers) or local (a pod of `trainhook local`; the
+default there). ssh-style options before HOST are accepted (and passed to ssh). Exits with CMD's code, or 255
+when it could not run CMD, with one line saying why."""
+
 MPIRUN_HELP = """\
 The launcher of an MPI gang (the `launcher` pod, or worker 0 of a gang without one; on any other pod it serves
 as a worker). Connects to every worker's `mpi-worker` (deadline: $TRAINHOOK_WAIT_TIMEOUT, then exit 1 naming
@@ -98,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     torchrun = add("torchrun", "torchrun with --nnodes, --node-rank, --master-addr... from the environment",
                    TORCHRUN_HELP)
     torchrun.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[TORCHRUN FLAGS] [--] SCRIPT [ARGS ...]")
-    tf_config_module.add_parser(commands)
+    add("tf-config", "print this pod's TF_CONFIG (the JSON the webhook injects)", TF_CONFIG_HELP)
     mpirun = add("mpirun", "MPI launcher: wait for the workers, write the hostfile, run mpirun, tell the workers",
                  MPIRUN_HELP)
     mpirun.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[--] CMD [ARGS ...]")
@@ -106,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                      MPI_WORKER_HELP)
     mpi_worker.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[-- SERVICE [ARGS ...]]")
     kubexec = add("kubexec", "the MPI rsh agent: run CMD in POD through the exec API (or ssh, or a local pod)",
-                  kubexec_module.HELP)
+                  KUBEXEC_HELP)
     kubexec.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[--transport T] [SSH OPTIONS] POD [--] CMD ...")
     return parser
 
@@ -118,23 +131,45 @@ def do_wait(args: argparse.Namespace) -> int:
                        ("port", keys.TH_GANG_WAIT_PORT)):
         if getattr(args, flag) is not None:
             env[name] = str(getattr(args, flag))
+    from trainhook.launcher import wait as wait_module
     return wait_module.wait(parse_gang(env))
 
 
 def do_run(args: argparse.Namespace) -> int:
     if not args.cmd:
         raise ConfigError("run needs a command: trainhook-launch run -- CMD [ARGS ...]")
+    from trainhook.launcher import run as run_module
     return run_module.run(args.cmd)
 
 
 def do_torchrun(args: argparse.Namespace) -> int:
+    from trainhook.launcher import torchrun as torchrun_module
     return torchrun_module.main(args.cmd)
 
 
-HANDLERS = {"wait": do_wait, "run": do_run, "torchrun": do_torchrun, "tf-config": tf_config_module.main,
-            "mpirun": lambda args: mpi_launch.main(args.cmd),
-            "mpi-worker": lambda args: mpi_launch.worker_main(args.cmd),
-            "kubexec": lambda args: kubexec_module.main(args.cmd)}
+def do_mpirun(args: argparse.Namespace) -> int:
+    from trainhook.launcher import mpi_launch
+    return mpi_launch.main(args.cmd)
+
+
+def do_mpi_worker(args: argparse.Namespace) -> int:
+    from trainhook.launcher import mpi_launch
+    return mpi_launch.worker_main(args.cmd)
+
+
+def do_tf_config(args: argparse.Namespace) -> int:
+    from trainhook.launcher import tf_config as tf_config_module
+    return tf_config_module.main(args)
+
+
+def do_kubexec(args: argparse.Namespace) -> int:
+    from trainhook.launcher import kubexec as kubexec_module
+    return kubexec_module.main(args.cmd)
+
+
+HANDLERS = {"wait": do_wait, "run": do_run, "torchrun": do_torchrun, "tf-config": do_tf_config,
+            "mpirun": do_mpirun, "mpi-worker": do_mpi_worker,
+            "kubexec": do_kubexec}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

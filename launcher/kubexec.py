@@ -49,14 +49,6 @@ SSH_DEFAULTS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev
                 "-o", "ConnectionAttempts=10", "-o", "LogLevel=ERROR")
 OWN_OPTIONS = ("--transport", "--run-dir", "--namespace", "--container")
 
-HELP = """\
-The rsh agent mpirun starts its remote daemons with (the webhook points OMPI_MCA_plm_rsh_agent,
-I_MPI_HYDRA_BOOTSTRAP_EXEC and HYDRA_LAUNCHER_EXEC at /etc/mpi/kubexec.sh, which `trainhook-launch mpirun`
-writes to call this). Runs CMD in POD as `/bin/sh -c "CMD ARGS"`, like ssh, through the transport chosen by
---transport or TRAINHOOK_MPI_TRANSPORT: kubexec (the Kubernetes exec API with the pod's ServiceAccount; the
-default in a cluster), ssh (keys from a Secret, sshd in the workers) or local (a pod of `trainhook local`; the
-default there). ssh-style options before HOST are accepted (and passed to ssh). Exits with CMD's code, or 255
-when it could not run CMD, with one line saying why."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from trainhook import keys
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang, parse_pairs
@@ -22,12 +22,6 @@ from trainhook.webhook.frameworks.tensorflow import TF_CONFIG, cluster_spec, tf_
 
 NO_CLUSTER = "{}"
 
-HELP = f"""\
-Print this pod's {TF_CONFIG} on stdout, built from {keys.TH_REPLICAS}, {keys.TH_HOSTS}, {keys.TH_SUBDOMAIN},
-{keys.TH_ROLE}, {keys.TH_INDEX} and {keys.TH_PORT}: the same JSON the webhook injects, e.g.
-  export {TF_CONFIG}="$(trainhook-launch tf-config)"
-A gang of one pod prints {NO_CLUSTER} (no cluster: TensorFlow trains locally), as a Kubeflow TFJob with one
-replica gets no {TF_CONFIG}."""
 
 
 def gang_tf_config(gang: Gang, roles: Sequence[str] = ()) -> str:
@@ -52,12 +46,6 @@ def env_tf_config(env: Mapping[str, str]) -> str:
     gang = parse_gang(env)
     roles = [role for role, _ in parse_pairs(keys.TH_REPLICAS, env[keys.TH_REPLICAS], []) or []]
     return gang_tf_config(gang, roles)
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `tf-config` on the launcher's subcommands."""
-    return subparsers.add_parser("tf-config", help=f"print this pod's {TF_CONFIG} (the JSON the webhook injects)",
-                                 description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def main(args: argparse.Namespace | None = None) -> int:

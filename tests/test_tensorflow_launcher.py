@@ -93,12 +93,13 @@ def test_missing_variables_are_named_together():
     assert "TRAINHOOK_REPLICAS" in str(caught.value) and "TRAINHOOK_HOSTS" in str(caught.value)
 
 
-def test_add_parser_registers_the_subcommand_with_its_help():
-    parser = argparse.ArgumentParser(prog="trainhook-launch")
-    commands = parser.add_subparsers(dest="command")
-    sub = tf_config_command.add_parser(commands)
-    assert parser.parse_args(["tf-config"]).command == "tf-config"
-    assert "TRAINHOOK_REPLICAS" in sub.format_help() and "export TF_CONFIG=" in sub.format_help()
+def test_the_launcher_registers_the_subcommand_with_its_help(capsys):
+    assert cli.build_parser().parse_args(["tf-config"]).command == "tf-config"
+    with pytest.raises(SystemExit) as done:
+        cli.main(["tf-config", "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    assert "TRAINHOOK_REPLICAS" in shown and "export TF_CONFIG=" in shown and "prints {}" in shown
 
 
 def test_trainhook_launch_tf_config(monkeypatch, capsys):

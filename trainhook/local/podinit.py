@@ -1,12 +1,13 @@
 """The last step into a local pod: runs inside the pod's network namespace and a fresh mount + UTS namespace.
 
     nsenter --net=/run/netns/NS unshare --mount --uts --propagation private -- \\
-        python -m trainhook.local.podinit --hosts FILE --hostname H [--mount SRC:DST[:ro] ...] [--workdir D] -- CMD...
+        python -I -S .../trainhook/local/podinit.py --hosts FILE --hostname H [--mount SRC:DST[:ro] ...] [--workdir D] -- CMD...
 
 It bind-mounts the pod's hosts file over /etc/hosts and its volumes over their mount paths (mount points are
 created when missing, which needs root), sets the hostname, changes directory and execs CMD with the
-environment it was given. Only the standard library is used, and nothing runs after the exec, so CMD is the
-process the supervisor signals and waits for. Errors exit 127 (command not found) or 126 (setup failed), as a
+environment it was given. Only the standard library is used (so it runs as a script with -I -S: no
+site-packages, no environment, a third of the start-up time of `-m`; every container of a local pod starts
+through it), and nothing runs after the exec, so CMD is the process the supervisor signals and waits for. Errors exit 127 (command not found) or 126 (setup failed), as a
 container runtime reports a container that cannot start.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import os
 import socket
 import sys
@@ -28,7 +28,8 @@ class SetupError(Exception):
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    """The C library the interpreter is linked with (ctypes.util.find_library would run ldconfig for it)."""
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def bind_mount(source: str, target: str, read_only: bool = False) -> None:
@@ -51,7 +52,7 @@ def bind_mount(source: str, target: str, read_only: bool = False) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainhook.local.podinit",
+    parser = argparse.ArgumentParser(prog="podinit.py",
                                      description="Enter a local pod's view (hosts, volumes, hostname) and exec CMD.")
     parser.add_argument("--hosts", help="file bind-mounted over /etc/hosts")
     parser.add_argument("--hostname", help="UTS hostname to set")

@@ -23,6 +23,8 @@ from trainhook.local.volumes import Mount, container_mounts, prepare_volumes
 
 DEFAULT_GRACE_SECONDS = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 SANDBOX_FILE = "sandbox.json"
+# Run as a script (`python -I -S PODINIT`), not with -m: see its docstring.
+PODINIT = str(Path(__file__).with_name("podinit.py"))
 ContainerKind = Literal["init", "sidecar", "main"]
 
 
@@ -73,7 +75,7 @@ class LocalPod:
     def entry_argv(self, spec: ContainerSpec, command: list[str] | None = None) -> list[str]:
         """The full command line that runs `command` (default: the container's own) inside this pod."""
         argv = ["nsenter", f"--net={self.netns_path}", "unshare", "--mount", "--uts", "--propagation", "private",
-                "--", sys.executable, "-m", "trainhook.local.podinit", "--hosts", self.hosts_path,
+                "--", sys.executable, "-I", "-S", PODINIT, "--hosts", self.hosts_path,
                 "--hostname", self.hostname]
         for mount in spec.mounts:
             argv += ["--mount", mount.to_arg()]
