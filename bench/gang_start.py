@@ -127,7 +127,9 @@ def run_trainhook(pods: int, workdir: Path) -> dict:
         starts.setdefault(host, event["t"])  # the pod's first process: its gang-wait init container
         if cmd and cmd[0] == "torchrun":
             mains[host] = event["t"]
-    return {"starts": starts, "mains": mains, "ranks": ranks, "failed": done.returncode != 0}
+    failed = "" if done.returncode == 0 else (f"trainhook local exited {done.returncode}; its last words:\n"
+                                              + "\n".join(done.stderr.strip().splitlines()[-8:]))
+    return {"starts": starts, "mains": mains, "ranks": ranks, "failed": failed}
 
 
 # --- torchrun by hand -----------------------------------------------------------------------------------------
@@ -175,7 +177,8 @@ def run_by_hand(pods: int, workdir: Path) -> dict:
     ranks = loop_lines(text)
     if len(ranks) < pods:
         raise RuntimeError(f"torchrun by hand: exit codes {codes}, ranks in their loop: {sorted(ranks)}\n{text[-4000:]}")
-    return {"starts": starts, "mains": starts, "ranks": ranks, "failed": any(codes)}
+    failed = f"exit codes {codes}; the last words:\n{text[-1500:]}" if any(codes) else ""
+    return {"starts": starts, "mains": starts, "ranks": ranks, "failed": failed}
 
 
 # --- one run's figures ----------------------------------------------------------------------------------------
@@ -198,7 +201,8 @@ def figures(raw: dict, pods: int) -> dict:
         "last_import_s": max(r["imported"] for r in ranks.values()) - last_start,
         "last_process_group_s": max(r["process_group"] for r in ranks.values()) - last_start,
         "init_to_main_s": {"median": statistics.median(waits), "max": max(waits)},  # 0 by hand: no init container
-        # Every rank reached its loop, but the run did not end cleanly (kept: the start is what is measured).
+        # Every rank reached its loop, but the run did not end cleanly (kept: the start is what is measured);
+        # why, in the run's own words ("" when it ended cleanly).
         "failed_after_start": raw["failed"],
     }
 
@@ -239,7 +243,8 @@ def main() -> None:
                   f"last training container started {figs['last_main_start_s']:.3f}s after the last pod, "
                   f"then {figs['main_to_loop_s']:.3f}s to every rank in its loop)", flush=True)
             if figs["failed_after_start"]:
-                print(f"  (this {name} run did not end cleanly after every rank reached its loop)", flush=True)
+                print(f"  (this {name} run did not end cleanly after every rank reached its loop: "
+                      f"{figs['failed_after_start']})", flush=True)
             if round_:
                 results["runs"][name].append(figs)
     th, tr = ([r["gang_start_s"] for r in results["runs"][n]] for n in variants)
@@ -252,7 +257,8 @@ def main() -> None:
         "trainhook_last_main_start_s": spread([r["last_main_start_s"] for r in results["runs"]["trainhook"]]),
         "trainhook_main_to_loop_s": spread([r["main_to_loop_s"] for r in results["runs"]["trainhook"]]),
         "torchrun_main_to_loop_s": spread([r["main_to_loop_s"] for r in results["runs"]["torchrun"]]),
-        "runs_not_ending_cleanly": {n: sum(r["failed_after_start"] for r in results["runs"][n]) for n in variants},
+        "runs_not_ending_cleanly": {n: sum(bool(r["failed_after_start"]) for r in results["runs"][n])
+                                    for n in variants},
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
