@@ -164,7 +164,7 @@ def review_only(bodies: dict[str, list[bytes]], rounds: int = 20, per_round: int
 
 def versions() -> dict:
     from importlib.metadata import version
-    return {"python": platform.python_version(), **{name: version(name) for name in ("aiohttp", "jsonpatch",
+    return {"python": platform.python_version(), **{name: version(name) for name in ("aiohttp", "orjson",
                                                                                      "prometheus-client")},
             "openssl": ssl.OPENSSL_VERSION,
             "cpu": _cpu_model(), "cores": os.cpu_count(), "kernel": platform.release(),
