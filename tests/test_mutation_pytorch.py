@@ -179,6 +179,18 @@ def test_the_gang_token_is_an_hmac_of_namespace_and_job_under_the_webhooks_key()
     assert mutate("Pod", "CREATE", pod, "team-a", keyed).obj == pod
 
 
+def test_the_gang_token_depends_on_the_exact_text_of_the_job_name():
+    """A manifest's unquoted `job-name: 1` or `true` reaches `trainhook local` as a number or a boolean: the
+    memoized token must still be the HMAC of the text, and an unhashable value must not break admission."""
+    import hashlib
+    import hmac
+    from trainhook.webhook.gang import gang_token
+    key = b"only-the-webhook-knows"
+    for name, text in ((True, "True"), (1, "1"), (1.0, "1.0"), (["a"], "['a']")):
+        assert gang_token(key, "team-a", name) == hmac.new(key, f"team-a/{text}".encode(),
+                                                           hashlib.sha256).hexdigest()
+
+
 def test_lifecycle_annotations_reach_the_launcher_as_variables():
     sts = with_annotation(STS_STAMPED, "trainhook.dev/on-failure", "restart-gang")
     sts = with_annotation(sts, "trainhook.dev/max-restarts", "2")

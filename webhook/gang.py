@@ -145,9 +145,14 @@ class Member:
         return self.options.get(key, default)
 
 
-@lru_cache(maxsize=4096)
 def gang_token(key: bytes, namespace: str, job_name: str) -> str:
     """The gang's shared secret: deterministic (every replica of the webhook and every re-admission agrees)
-    and different for every namespace and job, so one gang's token says nothing about another's. Memoized:
-    a gang's pods are admitted one after another, and the HMAC was 3% of the server's time per review."""
-    return hmac.digest(key, f"{namespace}/{job_name}".encode(), "sha256").hex()
+    and different for every namespace and job, so one gang's token says nothing about another's."""
+    return _hmac_hex(key, f"{namespace}/{job_name}")
+
+
+@lru_cache(maxsize=4096)
+def _hmac_hex(key: bytes, message: str) -> str:
+    """Memoized on the exact message (a gang's pods are admitted one after another, and the HMAC was 3% of
+    the server's time per review); keyed by the text, so values that hash alike (1, True) cannot collide."""
+    return hmac.digest(key, message.encode(), "sha256").hex()
