@@ -70,9 +70,9 @@ class Reviewed:
 
 def json_bytes(value: Any) -> bytes:
     """JSON text of a parsed document: orjson (about 8x faster than json.dumps on a patch), and json.dumps for
-    what orjson refuses and json.loads accepts (integers beyond 64 bits, lone surrogates). Only a NaN would
-    change (to null); no API server sends one (Go's encoding/json cannot). Bodies are still parsed by
-    json.loads: orjson.loads would turn an integer beyond 64 bits into a float."""
+    what orjson refuses and json.loads accepts (integers beyond 64 bits, lone surrogates). Only NaN and
+    Infinity would change (to null); no API server sends them (Go's encoding/json cannot). Bodies are still
+    parsed by json.loads: orjson.loads would turn an integer beyond 64 bits into a float."""
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
