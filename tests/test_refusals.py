@@ -98,3 +98,29 @@ def test_a_kept_false_publish_not_ready_addresses_warns():
     result = mutate("Service", "CREATE", service("s", publishNotReadyAddresses=False), "team-a", SETTINGS)
     assert result.obj["spec"]["publishNotReadyAddresses"] is False
     assert "publishNotReadyAddresses" in result.warnings[0]
+
+
+@pytest.mark.parametrize("kind,obj,expected", [
+    # The fuzzer's find: a TensorFlow pod claiming billions of peers made the review build a TF_CONFIG listing
+    # them all, until the process ran out of memory.
+    ("Pod", bare_pod("tf-worker-0", {"trainhook.dev/framework": "tensorflow", "trainhook.dev/role": "worker",
+                                     "trainhook.dev/job-name": "tf", "trainhook.dev/index": "0"},
+                     {"trainhook.dev/replicas": "chief=3333333331,ps=1,worker=2"}),
+     "trainhook.dev/replicas='chief=3333333331,ps=1,worker=2': a gang of 3333333334 pods is more than trainhook "
+     "admits (10000); use at most 10000 pods in one gang"),
+    ("StatefulSet", statefulset("big", 10_001, labels={"trainhook.dev/framework": "xgboost"}),
+     "spec.replicas=10001: a gang of 10001 pods is more than trainhook admits (10000)"),
+    ("Job", indexed_job("big", 20_000), "spec.completions=20000: a gang of 20000 pods is more than trainhook"),
+])
+def test_a_gang_beyond_the_size_limit_is_refused_before_its_members_are_listed(kind, obj, expected):
+    assert expected in denial(kind, obj)
+
+
+def test_a_gang_at_the_size_limit_is_admitted_with_every_member_in_tf_config():
+    import json
+    pod = bare_pod("tf-worker-0", {"trainhook.dev/framework": "tensorflow", "trainhook.dev/role": "worker",
+                                   "trainhook.dev/job-name": "tf", "trainhook.dev/index": "0"},
+                   {"trainhook.dev/replicas": "chief=1,worker=9999"})
+    env = mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj["spec"]["containers"][0]["env"]
+    config = json.loads(next(e["value"] for e in env if e["name"] == "TF_CONFIG"))
+    assert len(config["cluster"]["worker"]) == 9999 and config["cluster"]["worker"][-1] == "tf-worker-9998.tf:2222"

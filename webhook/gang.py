@@ -74,6 +74,22 @@ class Shape:
         return ",".join(f"{role}={count}" for role, count in self.counts)
 
 
+# The most pods one gang may have. Why a limit: TensorFlow's TF_CONFIG, MXNet's MX_CONFIG and XGBoost's
+# WORKER_ADDRS list every member, so a pod's review costs time and memory in the gang's size; an unbounded
+# replica count (a typo, or a bare pod's annotation) made one review allocate without end. 10,000 pods is twice the nodes of the largest
+# cluster Kubernetes supports, and keeps a 10,000-member TF_CONFIG (~0.5 MB) under etcd's object size limit.
+MAX_GANG_SIZE = 10_000
+
+
+def check_gang_size(size: int, key: str, value: object, problems: Problems) -> bool:
+    """False (with the problem added) when a gang of `size` pods is more than the webhook admits."""
+    if size <= MAX_GANG_SIZE:
+        return True
+    problems.add(key, value, f"a gang of {size} pods is more than trainhook admits ({MAX_GANG_SIZE})",
+                 f"use at most {MAX_GANG_SIZE} pods in one gang")
+    return False
+
+
 def parse_shape(text: str, framework: str, problems: Problems) -> Shape | None:
     """Parse `role=count[,role=count]`; roles come back in the framework's rank order."""
     order = keys.ROLES.get(framework, ())
@@ -95,6 +111,8 @@ def parse_shape(text: str, framework: str, problems: Problems) -> Shape | None:
         counts[role] = int(count)
     if sum(counts.values()) < 1:
         problems.add(keys.REPLICAS, text, "the gang has no replicas", "give at least one role a count >= 1")
+        return None
+    if not check_gang_size(sum(counts.values()), keys.REPLICAS, text, problems):
         return None
     ordered = sorted(counts.items(), key=lambda item: order.index(item[0]) if item[0] in order else 0)
     return Shape(tuple(ordered))

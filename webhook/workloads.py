@@ -10,7 +10,7 @@ import copy
 
 from trainhook import keys
 from trainhook.webhook.frameworks import check_shape
-from trainhook.webhook.gang import Problems, Shape, parse_shape
+from trainhook.webhook.gang import Problems, Shape, check_gang_size, parse_shape
 from trainhook.webhook.lifecycle import check_lifecycle_options
 from trainhook.webhook.scheduling import set_priority_class
 
@@ -46,7 +46,7 @@ def workload_shape(obj: dict, framework: str, role: str, replicas: int, field: s
     if text is None and "," in template_annotations.get(keys.REPLICAS, ""):
         text = template_annotations[keys.REPLICAS]
     if text is None:
-        return Shape(((role, replicas),))
+        return Shape(((role, replicas),)) if check_gang_size(replicas, field, replicas, problems) else None
     shape = parse_shape(text, framework, problems)
     if shape is not None and shape.count(role) != replicas:
         problems.add(keys.REPLICAS, text, f"says {role}={shape.count(role)} but {field} is {replicas}",
