@@ -76,8 +76,9 @@ class Shape:
 
 # The most pods one gang may have. Why a limit: TensorFlow's TF_CONFIG, MXNet's MX_CONFIG and XGBoost's
 # WORKER_ADDRS list every member, so a pod's review costs time and memory in the gang's size; an unbounded
-# replica count (a typo, or a bare pod's annotation) made one review allocate without end. 10,000 pods is twice the nodes of the largest
-# cluster Kubernetes supports, and keeps a 10,000-member TF_CONFIG (~0.5 MB) under etcd's object size limit.
+# replica count (a typo, or a bare pod's annotation) made one review allocate without end. 10,000 pods is
+# twice the nodes of the largest cluster Kubernetes supports, and keeps a 10,000-member TF_CONFIG (~0.5 MB)
+# under etcd's object size limit.
 MAX_GANG_SIZE = 10_000
 
 
