@@ -94,6 +94,20 @@ def test_metrics_count_admissions_and_refusals_by_reason(tmp_path):
     assert denied and denied[0]["reasons"] == ["spec.serviceName"] and denied[0]["level"] == "info"
 
 
+def test_invented_kinds_count_as_other_so_a_client_cannot_grow_the_metrics(tmp_path):
+    hook = start_webhook(tmp_path)
+    try:
+        for n in range(20):
+            sent = review(statefulset("x", 2))
+            sent["request"]["kind"]["kind"] = f"Invented{n}"
+            assert hook.post(sent).json()["response"]["allowed"] is True
+        text = requests.get(hook.url + "/metrics", verify=str(hook.ca_file), timeout=5).text
+    finally:
+        hook.stop()
+    assert 'trainhook_admissions_total{kind="other",outcome="unchanged"} 20.0' in text
+    assert "Invented" not in text
+
+
 def test_concurrent_reviews_do_not_share_state(webhook):
     results: dict[int, str] = {}
 

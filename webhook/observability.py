@@ -8,6 +8,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from trainhook.webhook.mutate import GATES
+
 
 class Metrics:
     """One registry per app (no process-global state, so tests and apps never share counters)."""
@@ -27,7 +29,10 @@ class Metrics:
 
     def admitted(self, kind: str, outcome: str) -> None:
         """Count one answered review; the labeled counter is looked up once per (kind, outcome), as
-        `labels()` takes a lock and builds a key on every call."""
+        `labels()` takes a lock and builds a key on every call. A kind trainhook does not mutate counts as
+        `other`: the kind comes from the request, and every new label value is a series kept forever."""
+        if kind not in GATES:
+            kind = "other"
         counter = self._admitted.get((kind, outcome))
         if counter is None:
             counter = self._admitted[kind, outcome] = self.admissions.labels(kind, outcome)
