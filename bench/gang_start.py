@@ -128,7 +128,7 @@ def run_trainhook(pods: int, workdir: Path) -> dict:
         if cmd and cmd[0] == "torchrun":
             mains[host] = event["t"]
     failed = "" if done.returncode == 0 else (f"trainhook local exited {done.returncode}; its last words:\n"
-                                              + "\n".join(done.stderr.strip().splitlines()[-8:]))
+                                              + "\n".join((done.stdout + done.stderr).strip().splitlines()[-12:]))
     return {"starts": starts, "mains": mains, "ranks": ranks, "failed": failed}
 
 
