@@ -12,13 +12,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-import yaml
-
 from trainhook import keys
 from trainhook.convert_policies import KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, \
     Fields, KubeflowKind, as_int, infer_scheduler, kubeflow_port, mpi_options, pytorch_options, run_policy, \
     scheduling_of, set_mpi_commands, training_container
 from trainhook.render import ON_FAILURE, Gang, RenderError, gang_objects
+from trainhook.yaml_stream import yaml_documents
 
 __all__ = ["KINDS", "ConvertError", "Converted", "MPI_IMPLEMENTATION", "SLOTS_PER_WORKER", "convert_job",
            "convert_text", "load_documents"]
@@ -177,17 +176,8 @@ def convert_job(job: dict, workload_kind: str = "statefulset", gang_scheduler: s
 
 def load_documents(text: str, path: str = "<input>") -> list[dict]:
     """The objects of a YAML stream (`kind: List` expanded); invalid YAML is reported with its line and column."""
-    try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-        problem = " ".join(part for part in (e.context, e.problem) if part)
-        raise ConvertError(f"{where}: invalid YAML: {problem}") from e
-    except yaml.YAMLError as e:
-        raise ConvertError(f"{path}: invalid YAML: {e}") from e
     objects = []
-    for number, doc in enumerate(docs, start=1):
+    for number, doc in enumerate(yaml_documents(text, path, ConvertError), start=1):
         if doc is None:
             continue
         if not isinstance(doc, dict):

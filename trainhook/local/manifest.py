@@ -11,7 +11,7 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from trainhook.yaml_stream import yaml_documents
 
 DEFAULT_NAMESPACE = "default"
 
@@ -53,18 +53,6 @@ def describe(obj: dict) -> str:
     return f"{str(obj.get('kind', '?')).lower()}/{meta.get('name') or meta.get('generateName') or '?'}"
 
 
-def _documents(text: str, path: str) -> list[object]:
-    try:
-        return list(yaml.safe_load_all(text))
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-        problem = " ".join(part for part in (e.context, e.problem) if part)
-        raise ManifestError(f"{where}: invalid YAML: {problem}") from e
-    except yaml.YAMLError as e:
-        raise ManifestError(f"{path}: invalid YAML: {e}") from e
-
-
 def _flatten(docs: list[object], path: str) -> list[dict]:
     """Drop empty documents and expand `kind: List` (as kubectl does); every object must be a mapping."""
     objects: list[dict] = []
@@ -102,7 +90,7 @@ def parse_manifest(text: str, path: str = "<manifest>", namespace: str | None = 
     """Parse manifest text; raises ManifestError with the place of the first problem."""
     manifest = Manifest(path=path)
     seen: set[tuple[str, str, str]] = set()
-    for raw in _flatten(_documents(text, path), path):
+    for raw in _flatten(yaml_documents(text, path, ManifestError), path):
         kind = type_of(raw)
         if kind not in SUPPORTED:
             name = (raw.get("metadata") or {}).get("name", "?")
