@@ -12,6 +12,9 @@
    after the program name), else `mpirun -np <total slots> CMD` (OpenMPI), `mpiexec -n <total> CMD` (MPICH,
    Intel). Added: `--allow-run-as-root` for OpenMPI as root; `-localhost <own address>` for Hydra (MPICH, Intel),
    whose proxies dial the launcher back by that name; the implementation's hostfile/agent variables when missing.
+   The ranks are pinned to the implementation the gang names (MPI_ABI_SELECTORS): an image or machine with two
+   MPIs installed (Debian's mpich pulls in libmpich-dev, whose libmpi.so is MPICH's) must not have mpi4py pick
+   the other one and fail under this mpirun.
 5. Signals are forwarded to mpirun. A worker whose control connection drops stops the run (mpirun gets SIGTERM)
    and the launcher exits 129. Otherwise it exits with mpirun's code. Either way every worker is told the code
    and exits with it.
@@ -51,6 +54,11 @@ MPI_PROGRAMS = {"mpirun", "mpiexec", "orterun", "mpiexec.hydra", "mpirun.openmpi
                 "mpirun.mpich", "mpiexec.mpich"}
 # The program run for `trainhook-launch mpirun -- PROGRAM` per implementation, first found on PATH wins
 # (Debian installs OpenMPI's and MPICH's side by side, with `mpirun` pointing at one of them).
+# Which MPI library the ranks load, for bindings that choose at run time: mpi4py's wheels carry one extension per
+# ABI and, unless told, take whatever `libmpi.so` is (MPICH's when libmpich-dev is installed beside Open MPI).
+# A user's own value wins. Open MPI exports only what `-x` names to remote ranks; Hydra forwards every variable.
+MPI4PY_MPIABI = "MPI4PY_MPIABI"
+MPI_ABI_SELECTORS = {mpi.OPENMPI: "openmpi", mpi.INTEL: "mpich", mpi.MPICH: "mpich"}
 MPI_BINARIES = {mpi.OPENMPI: ("mpirun.openmpi", "mpirun"), mpi.MPICH: ("mpiexec.mpich", "mpiexec.hydra", "mpiexec"),
                 mpi.INTEL: ("mpiexec.hydra", "mpiexec")}
 
@@ -95,6 +103,7 @@ def launch_env(env: Mapping[str, str], implementation: str, slots: int, hostfile
         out.setdefault(name, value)
     hostfile_var, agent_var, _ = mpi.FILE_VARIABLES[implementation]
     out[hostfile_var], out[agent_var] = str(hostfile), str(agent)
+    out.setdefault(MPI4PY_MPIABI, MPI_ABI_SELECTORS[implementation])
     if implementation == mpi.OPENMPI and os.geteuid() == 0:
         out.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         out.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -118,6 +127,8 @@ def build_command(cmd: Sequence[str], implementation: str, total_slots: int, add
     if implementation == mpi.OPENMPI:
         if root and "--allow-run-as-root" not in given:
             extras.append("--allow-run-as-root")
+        if MPI4PY_MPIABI not in given:
+            extras += ["-x", MPI4PY_MPIABI]
     elif "-localhost" not in given:
         extras += ["-localhost", address]
     if passthrough:

@@ -219,3 +219,21 @@ def test_the_launcher_leaves_mpirun_alone_while_workers_stay():
     assert (code, lost) == (5, False)
     mpi_launch.tell_workers([link], code, "mpirun exited with 5")
     assert worker.finish()[0] == 5
+
+
+@pytest.mark.parametrize("implementation, abi", [("OpenMPI", "openmpi"), ("MPICH", "mpich"), ("Intel", "mpich")])
+def test_the_ranks_are_pinned_to_the_gangs_mpi_and_a_users_own_choice_wins(tmp_path, implementation, abi):
+    env = mpi_launch.launch_env({}, implementation, 1, tmp_path / "hostfile", tmp_path / "agent")
+    assert env["MPI4PY_MPIABI"] == abi
+    mine = mpi_launch.launch_env({"MPI4PY_MPIABI": "mpich"}, "OpenMPI", 1, tmp_path / "h", tmp_path / "a")
+    assert mine["MPI4PY_MPIABI"] == "mpich"
+
+
+def test_open_mpi_exports_the_abi_pin_to_remote_ranks_once():
+    built = mpi_launch.build_command(["mpirun", "-np", "2", "python", "t.py"], "OpenMPI", 2, "pi-0.pi", root=False)
+    assert built == ["mpirun", "-x", "MPI4PY_MPIABI", "-np", "2", "python", "t.py"]
+    given = ["mpirun", "-x", "MPI4PY_MPIABI", "python", "t.py"]
+    assert mpi_launch.build_command(given, "OpenMPI", 2, "pi-0.pi", root=False) == given
+    # Hydra forwards the whole environment: nothing to add for MPICH beyond -localhost.
+    hydra = mpi_launch.build_command(["mpiexec", "python", "t.py"], "MPICH", 2, "pi-0.pi", root=False)
+    assert hydra == ["mpiexec", "-localhost", "pi-0.pi", "python", "t.py"]

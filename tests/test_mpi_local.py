@@ -2,10 +2,10 @@
 (Debian's openmpi-bin) and MPICH (Debian's mpich) with mpi4py, mpirun's daemons started in the worker pods
 through the rsh agent (the local transport, found by the launcher itself) or through ssh to a real sshd.
 
-mpi4py's wheel carries both ABIs; it loads Open MPI's libmpi by default and MPICH's when MPI4PY_MPIABI=mpich.
-Debian names MPICH's library libmpich.so.12 where upstream MPICH (and mpi4py's MPICH build) expects
-libmpi.so.12, so the MPICH runs put a `libmpi.so.12 -> libmpich.so.12` link on LD_LIBRARY_PATH, which is what
-an image with upstream MPICH has anyway.
+mpi4py's wheel carries both ABIs and, unless MPI4PY_MPIABI says which, takes whatever `libmpi.so` is; the
+launcher sets it from the gang's implementation. Debian names MPICH's library libmpich.so.12 where upstream
+MPICH (and mpi4py's MPICH build) expects libmpi.so.12, so the MPICH runs put a `libmpi.so.12 -> libmpich.so.12`
+link on LD_LIBRARY_PATH, which is what an image with upstream MPICH has anyway.
 """
 
 from __future__ import annotations
@@ -84,13 +84,15 @@ def containers(docs: list[dict]):
             yield doc, doc["spec"]["template"]["spec"]["containers"][0]
 
 
-def mpich_shim(tmp_path: Path) -> Path:
+def mpich_shim(tmp_path: Path, *names: str) -> Path:
+    """A folder where each of NAMES is MPICH's library (default: upstream MPICH's soname libmpi.so.12)."""
     libraries = sorted(Path("/usr/lib").glob("*/libmpich.so.12")) + sorted(Path("/usr/lib").glob("libmpich.so.12"))
     if not libraries:
         pytest.fail("MPICH is not installed (apt-get install mpich)")
     shim = tmp_path / "mpich-abi"
     shim.mkdir()
-    (shim / "libmpi.so.12").symlink_to(libraries[0])
+    for name in names or ("libmpi.so.12",):
+        (shim / name).symlink_to(libraries[0])
     return shim
 
 
@@ -114,7 +116,8 @@ def test_openmpi_allreduce_across_three_job_pods_where_pod_0_launches(tmp_path):
     assert "OpenMPI, local transport" in launcher  # found by the launcher itself, from its /etc/hosts mount
     assert "allreduce over 3 ranks on 3 hosts (allreduce-0, allreduce-1, allreduce-2): sum=6 expected=6" in launcher
     assert "mpi library: Open MPI v4" in launcher
-    assert "running: mpirun.openmpi --allow-run-as-root -np 3 python /workspace/allreduce.py" in launcher
+    assert ("running: mpirun.openmpi --allow-run-as-root -x MPI4PY_MPIABI -np 3 python /workspace/allreduce.py"
+            in launcher)
     hostfile = next((run_dir / "pods").glob("allreduce-0-*")) / "volumes" / "mpi-job-config" / "hostfile"
     assert hostfile.read_text() == ("allreduce-0.allreduce slots=1\nallreduce-1.allreduce slots=1\n"
                                     "allreduce-2.allreduce slots=1\n")
@@ -130,8 +133,10 @@ def test_openmpi_data_parallel_sgd_with_a_launcher_and_two_workers_of_two_slots(
     codes = exit_codes(done.stdout)
     assert sorted(codes.values()) == [0, 0, 0] and len(codes) == 3
     launcher = log(run_dir, "sgd-launcher-0")
-    # The MPIJob's own mpirun line ran, with --allow-run-as-root added; the ranks ran in the workers only.
-    assert "running: mpirun --allow-run-as-root -np 4 -bind-to none -map-by slot python /workspace/sgd.py" in launcher
+    # The MPIJob's own mpirun line ran, with --allow-run-as-root and the ABI pin added; the ranks ran in the
+    # workers only.
+    assert ("running: mpirun --allow-run-as-root -x MPI4PY_MPIABI -np 4 -bind-to none -map-by slot "
+            "python /workspace/sgd.py") in launcher
     assert "training on 4 ranks (sgd-worker-0: 2, sgd-worker-1: 2)" in launcher
     assert re.search(r"final weights digest [0-9a-f]{16} identical-across-ranks=True", launcher)
     losses = [float(x) for x in re.findall(r"epoch \d+ loss ([0-9.]+)", launcher)]
@@ -149,7 +154,7 @@ def test_mpich_allreduce_on_one_statefulset_through_hydra_with_its_own_hostfile_
     shim = mpich_shim(tmp_path)
     for workload, c in containers(docs):
         workload["metadata"].setdefault("annotations", {})["trainhook.dev/mpi-implementation"] = "MPICH"
-        c["env"] = [{"name": "MPI4PY_MPIABI", "value": "mpich"}, {"name": "LD_LIBRARY_PATH", "value": str(shim)}]
+        c["env"] = [{"name": "LD_LIBRARY_PATH", "value": str(shim)}]  # upstream MPICH's soname, as in its images
     done, run_dir = local(write(docs, tmp_path / "allreduce-mpich.yaml"), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert exit_codes(done.stdout) == {"allreduce-0": 0, "allreduce-1": 0, "allreduce-2": 0}
@@ -161,6 +166,21 @@ def test_mpich_allreduce_on_one_statefulset_through_hydra_with_its_own_hostfile_
     assert "mpi library: MPICH Version:" in launcher
     hostfile = run_dir / "pods" / "allreduce-0" / "volumes" / "mpi-job-config" / "hostfile"
     assert hostfile.read_text() == "allreduce-0.allreduce:1\nallreduce-1.allreduce:1\nallreduce-2.allreduce:1\n"
+
+
+def test_an_openmpi_gang_runs_open_mpi_where_libmpi_so_is_mpichs(tmp_path):
+    """Debian's mpich pulls in libmpich-dev, whose libmpi.so is MPICH's: with both MPIs in an image (or on this
+    machine), mpi4py would take MPICH's library and fail under Open MPI's mpirun. The launcher pins the ranks
+    to the implementation the gang names; here libmpi.so on the ranks' library path is MPICH's."""
+    docs = documents(EXAMPLES / "allreduce.yaml")
+    shim = mpich_shim(tmp_path, "libmpi.so", "libmpi.so.12")
+    for _, c in containers(docs):
+        c["env"] = [{"name": "LD_LIBRARY_PATH", "value": str(shim)}]
+    done, run_dir = local(write(docs, tmp_path / "allreduce-both.yaml"), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    launcher = log(run_dir, "allreduce-0")
+    assert "mpi library: Open MPI v4" in launcher
+    assert "allreduce over 3 ranks on 3 hosts (allreduce-0, allreduce-1, allreduce-2): sum=6 expected=6" in launcher
 
 
 def test_the_ssh_transport_with_keys_from_a_secret_and_sshd_in_the_workers(tmp_path):
