@@ -2,26 +2,33 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
+# The demo needs trainhook and torch, nothing else; the tests add every framework (requirements-test.txt).
+TORCH := torch==2.13.0
+DEMO_STAMP := $(VENV)/.demo-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+TEST_STAMP := $(VENV)/.test-$(shell cat pyproject.toml requirements-test.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint clean bench bench-gang fuzz helm-lint helm-template images e2e-kind k8s-build cluster-up cluster-down
+.PHONY: demo test install install-demo lint clean bench bench-gang fuzz helm-lint helm-template images e2e-kind k8s-build cluster-up cluster-down
 
-demo: install  ## create the virtualenv, install, and train examples/pytorch/ddp.yaml on 4 local pods
+demo: install-demo  ## create the virtualenv, install trainhook and torch only, and train examples/pytorch/ddp.yaml on 4 local pods
 	$(BIN)/trainhook local examples/pytorch/ddp.yaml
 
 test: install  ## every test, as CI runs it
 	$(BIN)/python -m pytest -q
 
-install: $(STAMP)
+install-demo: $(DEMO_STAMP)
 
-$(STAMP):
+install: $(TEST_STAMP)
+
+$(DEMO_STAMP):
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet tensorflow==2.21.0
-	$(BIN)/pip install --quiet xgboost-cpu==3.2.0 jax==0.10.2 paddlepaddle==3.3.1
-	$(BIN)/pip install --quiet mpi4py==4.1.2 numpy
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e .
+	rm -f $(VENV)/.demo-* && touch $@
+
+$(TEST_STAMP): $(DEMO_STAMP)
+	$(BIN)/pip install --quiet -r requirements-test.txt
 	$(BIN)/pip install --quiet -e '.[test]'
-	rm -f $(VENV)/.installed-* && touch $@
+	rm -f $(VENV)/.test-* && touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
