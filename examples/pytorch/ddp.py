@@ -48,7 +48,7 @@ def main() -> None:
         if rank == 0:
             print(f"epoch {epoch} loss {total.item() / (BATCHES * world):.4f}", flush=True)
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
+    digest = hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]  # no numpy needed
     gathered = [torch.zeros_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
     same = all(torch.equal(flat, other) for other in gathered)
