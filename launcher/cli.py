@@ -35,6 +35,12 @@ other (a symmetric barrier on port {keys.TH_GANG_WAIT_PORT}, default {keys.GANG_
 touches the training port, which nothing listens on yet). On the deadline it exits 1 naming the members
 still missing. Defaults come from {keys.TH_GANG_WAIT}, {keys.TH_WAIT_TIMEOUT} and {keys.TH_GANG_WAIT_PORT}."""
 
+INSTALL_HELP = f"""\
+Write the delivered launcher into DIR: DIR/launcher.pyz (the in-pod modules, standard library only, Python 3.8+)
+and DIR/bin/trainhook-launch (a shell script that runs it with the image's own python3, isolated). The webhook's
+init container runs it into the emptyDir {keys.LAUNCHER_VOLUME}, which the training container mounts read-only at
+{keys.LAUNCHER_DIR}. See docs/delivery.md."""
+
 RUN_HELP = """\
 Run CMD as a child: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to it, orphaned processes are
 reaped when the launcher is the container's PID 1, and the exit code is CMD's own (128+N when CMD is killed
@@ -106,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"give up after this long (default: ${keys.TH_WAIT_TIMEOUT} or 600)")
     wait.add_argument("--port", type=int, metavar="PORT",
                       help=f"the tcp barrier's port (default: ${keys.TH_GANG_WAIT_PORT} or {keys.GANG_WAIT_PORT})")
+    wait.add_argument("--install", metavar="DIR",
+                      help="first deliver the launcher into DIR, as `install DIR` does (one init container does both)")
+    install = add("install", "deliver the launcher into DIR (the pod's launcher volume)", INSTALL_HELP)
+    install.add_argument("directory", metavar="DIR")
     run = add("run", "run the training command: signals forwarded, orphans reaped, exit code kept", RUN_HELP)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]")
     torchrun = add("torchrun", "torchrun with --nnodes, --node-rank, --master-addr... from the environment",
@@ -124,8 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def do_install(args: argparse.Namespace) -> int:
+    from trainhook.launcher import deliver
+    return deliver.main(args.directory)
+
+
 def do_wait(args: argparse.Namespace) -> int:
     """Flags become the variables they stand for, so one parser validates both and errors name one thing."""
+    if args.install is not None:
+        from trainhook.launcher import deliver
+        installed = deliver.main(args.install)
+        if installed != 0:
+            return installed
     env = dict(os.environ)
     for flag, name in (("mode", keys.TH_GANG_WAIT), ("timeout", keys.TH_WAIT_TIMEOUT),
                        ("port", keys.TH_GANG_WAIT_PORT)):
@@ -167,9 +187,8 @@ def do_kubexec(args: argparse.Namespace) -> int:
     return kubexec_module.main(args.cmd)
 
 
-HANDLERS = {"wait": do_wait, "run": do_run, "torchrun": do_torchrun, "tf-config": do_tf_config,
-            "mpirun": do_mpirun, "mpi-worker": do_mpi_worker,
-            "kubexec": do_kubexec}
+HANDLERS = {"wait": do_wait, "install": do_install, "run": do_run, "torchrun": do_torchrun,
+            "tf-config": do_tf_config, "mpirun": do_mpirun, "mpi-worker": do_mpi_worker, "kubexec": do_kubexec}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

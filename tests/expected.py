@@ -25,13 +25,35 @@ def gang_env(framework: str, job: str, role: str, index: int, rank: int, replica
                 TRAINHOOK_GANG_WAIT=wait, TRAINHOOK_GANG_WAIT_PORT="29499", TRAINHOOK_WAIT_TIMEOUT=WAIT_TIMEOUT)
 
 
-def wait_container(gang: dict) -> dict:
-    return {"name": "trainhook-gang-wait", "image": LAUNCHER_IMAGE,
-            "command": ["trainhook-launch", "wait"], "env": env(**gang),
-            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                          "limits": {"cpu": "100m", "memory": "128Mi"}},
-            "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
-                                "capabilities": {"drop": ["ALL"]}}}
+LAUNCHER = "/trainhook/bin/trainhook-launch"
+LAUNCHER_VOLUME = {"name": "trainhook-launcher", "emptyDir": {}}
+LAUNCHER_MOUNT = {"name": "trainhook-launcher", "mountPath": "/trainhook", "readOnly": True}
+
+
+def wait_container(gang: dict, deliver: bool = True) -> dict:
+    """The injected init container: delivers the launcher into its volume, then waits for the gang. It passes
+    Pod Security's restricted profile."""
+    container = {"name": "trainhook-gang-wait", "image": LAUNCHER_IMAGE,
+                 "command": ["trainhook-launch", "wait"] + (["--install", "/trainhook"] if deliver else []),
+                 "env": env(**gang),
+                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                               "limits": {"cpu": "100m", "memory": "128Mi"}},
+                 "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
+                                     "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                                     "seccompProfile": {"type": "RuntimeDefault"}}}
+    if deliver:
+        container["volumeMounts"] = [{"name": "trainhook-launcher", "mountPath": "/trainhook"}]
+    return container
+
+
+def delivered(pod: dict, words: tuple[str, ...] = ("run", "--")) -> dict:
+    """The training container (the first) runs its command under the delivered launcher, which it mounts
+    read-only; the pod has the launcher's emptyDir."""
+    container = pod["spec"]["containers"][0]
+    container["command"] = [LAUNCHER, *words, *(container.get("command") or [])]
+    container["volumeMounts"] = (container.get("volumeMounts") or []) + [dict(LAUNCHER_MOUNT)]
+    pod["spec"]["volumes"] = (pod["spec"].get("volumes") or []) + [dict(LAUNCHER_VOLUME)]
+    return pod
 
 
 def lifecycle_env(pod: dict, **annotated: str) -> dict:
@@ -43,11 +65,13 @@ def lifecycle_env(pod: dict, **annotated: str) -> dict:
             "TRAINHOOK_RESTART_POLICY": pod["spec"].get("restartPolicy", "Always"), **annotated}
 
 
-def wired(pod: dict, framework_env: dict, gang: dict, user_env: list | None = None, **spec: object) -> dict:
+def wired(pod: dict, framework_env: dict, gang: dict, user_env: list | None = None,
+          words: tuple[str, ...] = ("run", "--"), **spec: object) -> dict:
     """`pod` as the webhook should return it: injected env first (the framework's, the gang's, the lifecycle's),
-    the user's after, the gang wait in init."""
+    the user's after, the command under the delivered launcher, the gang wait (and the delivery) in init."""
     pod = copy.deepcopy(pod)
     pod["spec"]["containers"][0]["env"] = env(**framework_env, **gang, **lifecycle_env(pod)) + (user_env or [])
+    delivered(pod, words)
     pod["spec"]["initContainers"] = [wait_container(gang)]
     pod["spec"].update(spec)
     return pod

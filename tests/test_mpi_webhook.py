@@ -191,13 +191,15 @@ def mpi_labels(**more: str) -> dict:
     return {"trainhook.dev/framework": "mpi", **{f"trainhook.dev/{k.replace('_', '-')}": v for k, v in more.items()}}
 
 
-def wired(pod: dict, framework_env: dict, gang: dict, **spec: object) -> dict:
-    """`pod` as the webhook should return it (expected.wired), plus the /etc/mpi emptyDir on the container."""
+def wired(pod: dict, framework_env: dict, gang: dict, words: tuple[str, ...] = ("mpirun", "--"),
+          **spec: object) -> dict:
+    """`pod` as the webhook should return it (expected.wired, its command under the MPI launcher command
+    `words`), plus the /etc/mpi emptyDir on the container, before the launcher's."""
     user_env = pod["spec"]["containers"][0].get("env")
-    pod = expected.wired(pod, framework_env, gang, user_env=user_env, **spec)
+    pod = expected.wired(pod, framework_env, gang, user_env=user_env, words=words, **spec)
     c = pod["spec"]["containers"][0]
-    c["volumeMounts"] = c.get("volumeMounts", []) + [{"name": "mpi-job-config", "mountPath": "/etc/mpi"}]
-    pod["spec"]["volumes"] = pod["spec"].get("volumes", []) + [{"name": "mpi-job-config", "emptyDir": {}}]
+    c["volumeMounts"].insert(-1, {"name": "mpi-job-config", "mountPath": "/etc/mpi"})
+    pod["spec"]["volumes"].insert(-1, {"name": "mpi-job-config", "emptyDir": {}})
     return pod
 
 
@@ -232,7 +234,8 @@ CASES = [
            subdomain="pi")),
     ("a worker: its role and slots, /etc/mpi for the agent OpenMPI's orted looks for", WORKER_POD,
      wired(WORKER_POD, {"K_MPI_JOB_ROLE": "worker", "TRAINHOOK_MPI_SLOTS": "1"},
-           gang_env("pi", "worker", 1, 2, SHAPE, HOSTS, "pi-worker-1.pi"), hostname="pi-worker-1", subdomain="pi")),
+           gang_env("pi", "worker", 1, 2, SHAPE, HOSTS, "pi-worker-1.pi"), ("mpi-worker", "--"),
+           hostname="pi-worker-1", subdomain="pi")),
     ("one StatefulSet: pod 0 launches, with its GPU, one slot per GPU", SINGLE_0,
      wired(SINGLE_0, {**OPENMPI_LAUNCHER, "OMPI_MCA_orte_set_default_slots": "1",
                       "TRAINHOOK_MPI_IMPLEMENTATION": "OpenMPI", "TRAINHOOK_MPI_SLOTS": "1"},
@@ -278,8 +281,9 @@ def test_a_users_own_etc_mpi_mount_is_kept():
     pod = pod_of_job(job, 0)
     pod["spec"]["volumes"] = [{"name": "mine", "emptyDir": {}}]
     spec = mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj["spec"]
-    assert spec["volumes"] == [{"name": "mine", "emptyDir": {}}]
-    assert spec["containers"][0]["volumeMounts"] == [{"name": "mine", "mountPath": "/etc/mpi"}]
+    assert spec["volumes"] == [{"name": "mine", "emptyDir": {}}, expected.LAUNCHER_VOLUME]
+    assert spec["containers"][0]["volumeMounts"] == [{"name": "mine", "mountPath": "/etc/mpi"},
+                                                     expected.LAUNCHER_MOUNT]
 
 
 def test_a_volume_named_like_ours_elsewhere_is_refused_with_the_fix():

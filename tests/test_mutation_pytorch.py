@@ -152,9 +152,19 @@ def test_extra_tolerations_from_settings_are_added_once():
         toleration, {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
-def test_gang_wait_none_injects_no_init_container():
+def test_gang_wait_none_keeps_an_init_container_that_only_delivers_the_launcher():
     pod = pod_of_statefulset(with_annotation(STS_STAMPED, "trainhook.dev/gang-wait", "none"), 0)
-    assert "initContainers" not in mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj["spec"]
+    [init] = mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj["spec"]["initContainers"]
+    assert init["command"] == ["trainhook-launch", "wait", "--install", "/trainhook"]
+    assert {"name": "TRAINHOOK_GANG_WAIT", "value": "none"} in init["env"]
+
+
+def test_gang_wait_none_without_the_delivered_launcher_injects_no_init_container():
+    pod = pod_of_statefulset(with_annotation(with_annotation(STS_STAMPED, "trainhook.dev/gang-wait", "none"),
+                                             "trainhook.dev/launcher", "none"), 0)
+    spec = mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj["spec"]
+    assert "initContainers" not in spec and "volumes" not in spec
+    assert spec["containers"][0]["command"] == pod["spec"]["containers"][0]["command"]
 
 
 @pytest.mark.parametrize("kind,obj", [(c[1], c[2]) for c in CASES] + [("Job", indexed_job("ij", 3))],

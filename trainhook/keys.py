@@ -58,9 +58,18 @@ MPI_IMPLEMENTATION = PREFIX + "mpi-implementation"
 # Annotation: MPI slots per worker (default: an integer nproc-per-node, else the pod's GPU count, else 1).
 SLOTS_PER_WORKER = PREFIX + "slots-per-worker"
 
+# Annotation: how the launcher reaches the training container: `delivered` (default: copied in by the init
+# container, the command wrapped) or `none` (the gang brings its own trainhook-launch, or goes without).
+LAUNCHER = PREFIX + "launcher"
+LAUNCHER_DELIVERED, LAUNCHER_NONE = "delivered", "none"
+LAUNCHER_MODES = (LAUNCHER_DELIVERED, LAUNCHER_NONE)
+# Annotation: the training image's ENTRYPOINT as a JSON list (or one word), for a training container without
+# `command`: the webhook cannot read an image's entrypoint without a registry call, which admission never makes.
+ENTRYPOINT = PREFIX + "entrypoint"
+
 USER_ANNOTATIONS = (REPLICAS, PORT, NPROC_PER_NODE, ELASTIC, MAX_RESTARTS, CONTAINER, GANG_WAIT,
                     GANG_SCHEDULER, QUEUE, MIN_AVAILABLE, PRIORITY_CLASS, SCHEDULER_NAME,
-                    MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ON_FAILURE, ACTIVE_DEADLINE_SECONDS)
+                    MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ON_FAILURE, ACTIVE_DEADLINE_SECONDS, LAUNCHER, ENTRYPOINT)
 GANG_SCHEDULERS = ("kueue", "volcano", "coscheduling")
 
 # --- Annotations the launcher writes on the workload when the gang's outcome is known --------------------------
@@ -120,6 +129,13 @@ NPROC_WORDS = ("auto", "cpu", "gpu")
 GANG_WAIT_CONTAINER = "trainhook-gang-wait"
 # The port the gang-wait barrier listens on in `tcp` mode.
 GANG_WAIT_PORT = 29499
+# The delivered launcher: an emptyDir the init container fills (launcher/deliver.py), mounted read-only at
+# LAUNCHER_DIR in the containers that run it; LAUNCHER_COMMAND is what their command starts with.
+LAUNCHER_VOLUME = "trainhook-launcher"
+LAUNCHER_DIR = "/trainhook"
+LAUNCHER_COMMAND = LAUNCHER_DIR + "/bin/trainhook-launch"
+# The launcher's name as users write it (on PATH in the launcher image, or in their own images).
+LAUNCHER_PROGRAM = "trainhook-launch"
 
 # PyTorch (Kubeflow PyTorchJob and torchrun's PET_* variables).
 MASTER_ADDR = "MASTER_ADDR"

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from trainhook import keys
+from trainhook.webhook.delivery import deliver_launcher
 from trainhook.webhook.frameworks import framework_env, framework_pod_hook
 from trainhook.webhook.gang import DNS_LABEL, Member, Problems, gang_token, parse_shape
 from trainhook.webhook.jsondiff import json_copy
@@ -195,26 +196,37 @@ def set_tolerations(spec: dict, gpus: int, settings: Settings) -> None:
         spec["tolerations"] = tolerations
 
 
-def gang_wait_container(gang: list[tuple[str, str]], settings: Settings) -> dict:
-    """The init container that holds the pod until every peer resolves (or accepts connections); `gang` is
-    the member's TRAINHOOK_* variables."""
-    return {
+# Pod Security "restricted" for what we inject: non-root, no escalation, no capabilities, the runtime's seccomp
+# profile; it writes only to the launcher volume, so its root filesystem can be read-only.
+RESTRICTED = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
+              "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+              "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver: bool) -> dict:
+    """The init container that first delivers the launcher (when `deliver`), then holds the pod until every
+    peer resolves (or accepts connections); `gang` is the member's TRAINHOOK_* variables. One container does
+    both: one image start per pod, not two."""
+    container = {
         "name": keys.GANG_WAIT_CONTAINER,
         "image": settings.launcher_image,
-        "command": ["trainhook-launch", "wait"],
+        "command": [keys.LAUNCHER_PROGRAM, "wait"] + (["--install", keys.LAUNCHER_DIR] if deliver else []),
         "env": [{"name": n, "value": v} for n, v in gang],
         "resources": json_copy(settings.init_resources),
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": json_copy(RESTRICTED),
     }
+    if deliver:
+        container["volumeMounts"] = [{"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR}]
+    return container
 
 
-def set_gang_wait(spec: dict, member: Member, gang: list[tuple[str, str]], settings: Settings) -> None:
-    if member.option(keys.GANG_WAIT, "dns") == "none":
+def set_gang_wait(spec: dict, member: Member, gang: list[tuple[str, str]], settings: Settings,
+                  deliver: bool) -> None:
+    if member.option(keys.GANG_WAIT, "dns") == "none" and not deliver:
         return
     init = spec.get("initContainers") or []
     if not any(c.get("name") == keys.GANG_WAIT_CONTAINER for c in init):
-        spec["initContainers"] = [gang_wait_container(gang, settings)] + init
+        spec["initContainers"] = [gang_wait_container(gang, settings, deliver)] + init
 
 
 def set_address(pod: dict, member: Member, problems: Problems) -> None:
@@ -276,7 +288,8 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     set_address(pod, member, problems)
     set_env(container, injected, warnings)
     framework_pod_hook(member, spec, container, problems)
+    delivered = deliver_launcher(spec, container, member, annotations, problems)
     set_tolerations(spec, gpus, settings)
-    set_gang_wait(spec, member, gang, settings)
+    set_gang_wait(spec, member, gang, settings, delivered)
     set_gang_scheduling(pod, member, problems, warnings)
     return pod, problems

@@ -1,0 +1,154 @@
+"""Deliver the launcher into a gang pod and wrap its training command (docs/delivery.md).
+
+Gang completion, gang failure, restart-gang, the deadline, the outcome on the workload and scale-to-zero all
+happen in `trainhook-launch run` inside the training container, and the users' images do not contain it. So,
+as Argo's emissary and Tekton's entrypoint do, the pod gets an emptyDir (keys.LAUNCHER_VOLUME) that the
+injected init container fills first (`trainhook-launch wait --install`), mounted read-only at keys.LAUNCHER_DIR
+in the training container, whose command becomes `/trainhook/bin/trainhook-launch run -- <its command>`
+(`args` untouched). MPI pods get the MPI commands instead: `mpirun --` on the launcher (and on every pod of a
+gang without a launcher role, where pod 0 launches), `mpi-worker` on a launcher's workers.
+
+A command that already runs trainhook-launch (the user wrote it, or this is a second admission) is pointed at
+the delivered copy and not wrapped again. A training container without `command` would run its image's
+ENTRYPOINT, which admission cannot know without a registry call: it is refused unless the annotation
+keys.ENTRYPOINT gives it (an MPI worker has nothing of its own to run, so it needs neither). `keys.LAUNCHER:
+none` opts the gang out of all of this.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+from trainhook import keys
+from trainhook.webhook.frameworks.mpi import LAUNCHER, WORKER
+from trainhook.webhook.gang import Member, Problems
+
+MOUNT = {"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR, "readOnly": True}
+WRAP_EXAMPLE = '["python", "train.py"]'
+
+
+def launcher_mode(annotations: dict, problems: Problems) -> str:
+    mode = annotations.get(keys.LAUNCHER, keys.LAUNCHER_DELIVERED)
+    if mode not in keys.LAUNCHER_MODES:
+        problems.add(keys.LAUNCHER, mode, "unknown launcher mode", f"use one of {', '.join(keys.LAUNCHER_MODES)}")
+        return keys.LAUNCHER_NONE
+    return mode
+
+
+def runs_launcher(command: object) -> bool:
+    """Whether a command already starts trainhook-launch (by name on PATH, or the delivered copy)."""
+    return (isinstance(command, list) and bool(command) and isinstance(command[0], str)
+            and posixpath.basename(command[0]) == keys.LAUNCHER_PROGRAM)
+
+
+def entrypoint(container: dict, annotations: dict, problems: Problems) -> list[str] | None:
+    """The command the training container runs: its `command`, else the entrypoint annotation, else None (a
+    problem is added)."""
+    command = container.get("command")
+    if command:
+        return list(command)
+    text = annotations.get(keys.ENTRYPOINT)
+    name = container.get("name", "")
+    if text is None:
+        problems.add(f"spec.containers[{name}].command", None,
+                     "the training command cannot be wrapped in trainhook-launch: without `command` the container "
+                     "runs its image's ENTRYPOINT, which admission cannot read (that needs a registry call)",
+                     f"set `command` (the image's entrypoint, e.g. {WRAP_EXAMPLE}), or give the entrypoint in the "
+                     f"annotation {keys.ENTRYPOINT}, or opt out with {keys.LAUNCHER}: none")
+        return None
+    try:
+        value = json.loads(text) if text.lstrip().startswith("[") else [text]
+    except ValueError:
+        value = None
+    if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+        problems.add(keys.ENTRYPOINT, text, "not an entrypoint",
+                     f"give the image's ENTRYPOINT as a JSON list of strings, e.g. {WRAP_EXAMPLE}")
+        return None
+    return value
+
+
+def launcher_words(member: Member) -> list[str]:
+    """The subcommand that wraps this member's training: run, or MPI's launcher/worker commands."""
+    if member.framework != keys.MPI:
+        return ["run", "--"]
+    if member.role == WORKER and member.shape.count(LAUNCHER) > 0:
+        return ["mpi-worker", "--"]
+    return ["mpirun", "--"]
+
+
+def wrapped(command: list[str] | None, member: Member) -> list[str]:
+    """The training container's new command: the delivered launcher, its subcommand, then the command."""
+    if command is not None and runs_launcher(command):
+        return [keys.LAUNCHER_COMMAND, *command[1:]]
+    words = launcher_words(member)
+    if not command:  # an MPI worker with nothing of its own to run
+        return [keys.LAUNCHER_COMMAND, words[0]]
+    return [keys.LAUNCHER_COMMAND, *words, *command]
+
+
+def mount_launcher(container: dict) -> None:
+    """Mount the launcher volume read-only at LAUNCHER_DIR (once; a new list, the review's stays as it was)."""
+    mounts = container.get("volumeMounts") or []
+    if not any(m.get("mountPath", "").rstrip("/") == keys.LAUNCHER_DIR for m in mounts):
+        container["volumeMounts"] = mounts + [dict(MOUNT)]
+
+
+def add_volume(spec: dict) -> None:
+    volumes = spec.get("volumes") or []
+    if not any(v.get("name") == keys.LAUNCHER_VOLUME for v in volumes):  # else ours, from an earlier admission
+        spec["volumes"] = volumes + [{"name": keys.LAUNCHER_VOLUME, "emptyDir": {}}]
+
+
+def user_volume_clash(spec: dict, problems: Problems) -> bool:
+    """A user's own volume under our name, or a mount at our path, would hide the launcher: say so."""
+    for volume in spec.get("volumes") or []:
+        if volume.get("name") == keys.LAUNCHER_VOLUME and volume.get("emptyDir") is None:
+            problems.add("spec.volumes", keys.LAUNCHER_VOLUME, "the name of the volume trainhook delivers its "
+                         f"launcher in", f"rename your volume, or opt out with {keys.LAUNCHER}: none")
+            return True
+    return False
+
+
+def resolve_other_containers(spec: dict, training: dict) -> None:
+    """Init containers and sidecars that call trainhook-launch themselves get the delivered copy too (after the
+    copy: the injected init container runs first). Each one changed is a new dict; the others stay shared."""
+
+    def needs(c: dict) -> bool:
+        return (c is not training and c.get("name") != keys.GANG_WAIT_CONTAINER and runs_launcher(c.get("command"))
+                and c["command"][0] != keys.LAUNCHER_COMMAND)
+
+    for field in ("initContainers", "containers"):
+        current = spec.get(field) or []
+        if not any(needs(c) for c in current):
+            continue
+        updated = []
+        for c in current:
+            if needs(c):
+                c = dict(c)
+                c["command"] = [keys.LAUNCHER_COMMAND, *c["command"][1:]]
+                mount_launcher(c)
+            updated.append(c)
+        spec[field] = updated
+
+
+def deliver_launcher(spec: dict, container: dict, member: Member, annotations: dict, problems: Problems) -> bool:
+    """Wrap the training container's command in the delivered launcher and give the pod the launcher volume.
+    Returns whether the launcher is delivered (the init container must then install it). Idempotent."""
+    if launcher_mode(annotations, problems) == keys.LAUNCHER_NONE:
+        return False
+    if user_volume_clash(spec, problems):
+        return False
+    mpi_worker = member.framework == keys.MPI and launcher_words(member)[0] == "mpi-worker"
+    command = container.get("command") or None
+    if command is None and not (mpi_worker and keys.ENTRYPOINT not in annotations):
+        command = entrypoint(container, annotations, problems)
+        if command is None:
+            return False
+    new_command = wrapped(command, member)
+    if container.get("command") != new_command:
+        container["command"] = new_command
+    mount_launcher(container)
+    add_volume(spec)
+    resolve_other_containers(spec, container)
+    return True
