@@ -98,7 +98,7 @@ def test_create_job_dry_run_needs_no_cluster_and_names_what_is_missing():
     client = TrainingClient(config_file="/nonexistent/kubeconfig")
     objects = client.create_job("mnist", train_func=report_rank, parameters={"lr": 1, "note": ""}, dry_run=True)
     assert objects == job_manifests("mnist", func=report_rank, func_args={"lr": 1, "note": ""})
-    with pytest.raises(ValueError, match="either func"):
+    with pytest.raises(ValueError, match="give func= \\(a function to run on every pod\\), command="):
         client.create_job("mnist", dry_run=True)
     with pytest.raises(ValueError, match="needs a name"):
         client.create_job(func=report_rank, dry_run=True)

@@ -7,7 +7,7 @@ import pytest
 
 from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from test_cli_cluster import mutating_webhook, wait_for  # noqa: F401
-from trainhook import JobFailed, TrainingClient
+from trainhook import JobFailed, TrainingClient, keys
 from trainhook.render import PHASE
 
 pytestmark = pytest.mark.cluster
@@ -56,11 +56,67 @@ def test_create_get_list_logs_wait_delete(control_plane, k8s_namespace, mutating
         assert client.list_jobs() == []
 
 
-def test_the_namespace_comes_from_the_kubeconfig_context(control_plane, tmp_path):  # noqa: F811
+def kubeconfig_in(control_plane, tmp_path, namespace: str):  # noqa: F811
+    """The control plane's kubeconfig with its context in `namespace`, as a user's would be."""
     import yaml
     config = yaml.safe_load(control_plane.kubeconfig.read_text())
-    config["contexts"][0]["context"]["namespace"] = "from-context"
+    config["contexts"][0]["context"]["namespace"] = namespace
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def train_func(parameters=None):
+    import torch.distributed as dist
+    dist.init_process_group("nccl")
+
+
+def test_a_kubeflow_users_call_creates_100_gpu_pods_wired_by_the_webhook(  # noqa: F811
+        control_plane, k8s_namespace, mutating_webhook, tmp_path, monkeypatch):
+    """The call as Kubeflow SDK users write it (job_kind included), against the API server: what it submits, what
+    the API server stored after the webhook, and the 100 pods the StatefulSet controller made through it."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_in(control_plane, tmp_path, k8s_namespace)))
+    with TrainingClient() as client:
+        created = client.create_job(name="seed", func=train_func, num_workers=100,
+                                    resources_per_worker={"gpu": "2"}, job_kind="PyTorchJob")
+        assert [(o["kind"], o["metadata"]["name"], o["metadata"]["namespace"]) for o in created] == [
+            ("Service", "seed", k8s_namespace), ("StatefulSet", "seed", k8s_namespace)]
+        service, sts = created
+        assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+        assert (sts["spec"]["replicas"], sts["spec"]["podManagementPolicy"]) == (100, "Parallel")
+        assert sts["metadata"]["labels"][keys.FRAMEWORK] == "pytorch"
+        container = sts["spec"]["template"]["spec"]["containers"][0]
+        assert container["resources"] == {"limits": {keys.GPU_RESOURCE: "2"}, "requests": {keys.GPU_RESOURCE: "2"}}
+
+        state = wait_for(lambda: (lambda s: s if len(s.pods) == 100 else None)(client.get_job("seed")),
+                         timeout=120, what="100 pods")
+        assert [p.rank for p in state.pods] == list(range(100)) and state.shape == "worker=100"
+        pods = {p["metadata"]["name"]: p for p in client.cluster.gang("seed").pods}
+        for ordinal in range(100):
+            pod = pods[f"seed-{ordinal}"]
+            trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "pytorch")
+            assert trainer["resources"]["limits"] == {keys.GPU_RESOURCE: "2"}
+            env = {e["name"]: e.get("value") for e in trainer["env"]}
+            # one torchrun process per GPU; WORLD_SIZE counts pods (Kubeflow's rule without an integer
+            # num_procs_per_worker), torchrun gives each of the 200 processes its own
+            assert (env["RANK"], env["WORLD_SIZE"], env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == (
+                str(ordinal), "100", "100", "2")
+            assert env["MASTER_ADDR"] == "seed-0.seed"
+            assert {"key": keys.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in \
+                pod["spec"]["tolerations"]
+        assert client.delete_job("seed") == ["statefulset/seed", "service/seed"]
+
+
+def test_the_namespace_comes_from_the_kubeconfig_context(control_plane, tmp_path):  # noqa: F811
+    path = kubeconfig_in(control_plane, tmp_path, "from-context")
     assert TrainingClient(config_file=str(path)).namespace == "from-context"
     assert TrainingClient(config_file=str(path), namespace="given").namespace == "given"
+
+
+def test_kubeflows_client_configuration_is_used_instead_of_a_kubeconfig(control_plane, k8s_namespace):  # noqa: F811
+    from kubernetes import client, config
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(control_plane.kubeconfig), client_configuration=configuration)
+    with TrainingClient(config_file="/nonexistent", client_configuration=configuration,
+                        namespace=k8s_namespace) as training:
+        assert training.list_jobs() == [] and training.namespace == k8s_namespace

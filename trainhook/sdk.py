@@ -20,16 +20,19 @@ cluster; the connection is made on the first call that needs one.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
+from typing import Any
 
-from trainhook import keys
+from trainhook.convert import convert_job
 from trainhook.gang_status import GangState, container_started, pod_rank, training_container_name
 from trainhook.render import RenderOptions, Scheduling, render
 from trainhook.sdk_command import function_command
+from trainhook.sdk_kubeflow import env_entries, framework_of, job_only, kubeflow_job, nproc_per_node, one_of, \
+    pod_resources, replica_roles
 
 DEFAULT_BASE_IMAGE = "docker.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
-# Kubeflow's SDK accepts "gpu" for the NVIDIA device plugin's resource.
-RESOURCE_ALIASES = {"gpu": keys.GPU_RESOURCE}
+__all__ = ["DEFAULT_BASE_IMAGE", "JobFailed", "TrainingClient", "job_manifests", "pod_resources"]
 
 
 class JobFailed(RuntimeError):
@@ -40,52 +43,77 @@ class JobFailed(RuntimeError):
         self.state = state
 
 
-def pod_resources(resources_per_worker: dict | None) -> dict:
-    """Kubeflow's rule: every given resource as both request and limit ("gpu" is nvidia.com/gpu)."""
-    if not resources_per_worker:
-        return {}
-    if not isinstance(resources_per_worker, dict):
-        raise ValueError("resources_per_worker must be a dict such as {'cpu': '2', 'memory': '4Gi', 'gpu': 1}")
-    amounts = {RESOURCE_ALIASES.get(name, name): value for name, value in resources_per_worker.items()}
-    return {"requests": dict(amounts), "limits": dict(amounts)}
-
-
 def job_manifests(name: str, func: Callable | None = None, func_args: dict | None = None,
-                  base_image: str = DEFAULT_BASE_IMAGE, num_workers: int = 1,
-                  resources_per_worker: dict | None = None, packages_to_install: list[str] | None = None,
-                  pip_index_url: str | None = None, framework: str = keys.PYTORCH, namespace: str | None = None,
+                  base_image: str | None = None, num_workers: int | None = None,
+                  resources_per_worker: Any = None, packages_to_install: list[str] | None = None,
+                  pip_index_url: str | None = None, framework: str | None = None, namespace: str | None = None,
                   command: list[str] | None = None, env: dict[str, str] | None = None, kind: str = "statefulset",
-                  num_chief_replicas: int = 0, num_ps_replicas: int = 0, gang_scheduler: str | None = None,
-                  queue: str = "", priority_class: str = "") -> list[dict]:
-    """The manifests of a gang: a function shipped in the command (or `command`), `num_workers` worker pods."""
-    if (func is None) == (command is None):
-        raise ValueError("give either func (a function to run on every pod) or command (a container command)")
-    if num_workers < 0 or (num_workers + num_chief_replicas + num_ps_replicas) < 1:
-        raise ValueError("the gang needs at least one pod (num_workers >= 1)")
-    roles = [(role, count) for role, count in (("chief", num_chief_replicas), ("ps", num_ps_replicas),
-                                               ("worker", num_workers)) if count]
-    if framework == keys.MPI:
-        roles = [("launcher", 1)] + roles
+                  num_chief_replicas: int | None = None, num_ps_replicas: int | None = None,
+                  gang_scheduler: str | None = None, queue: str = "", priority_class: str = "", *,
+                  job_kind: str | None = None, train_func: Callable | None = None, parameters: dict | None = None,
+                  num_procs_per_worker: int | str | None = None, env_vars: Any = None,
+                  num_worker_replicas: int | None = None) -> list[dict]:
+    """The manifests of a gang: a function shipped in the command (or `command`, or the image's own entrypoint),
+    `num_workers` worker pods. Kubeflow's names (`job_kind`, `train_func`, `parameters`, `env_vars`,
+    `num_procs_per_worker`, `num_worker_replicas`) mean what they mean to Kubeflow's SDK, so code written for it
+    makes the same pods here (trainhook/sdk_kubeflow.py)."""
+    framework = framework_of(job_kind, framework)
+    func = one_of("train_func", train_func, "func", func)
+    func_args = one_of("parameters", parameters, "func_args", func_args)
+    num_workers = one_of("num_worker_replicas", num_worker_replicas, "num_workers", num_workers)
+    if func is not None and command is not None:
+        raise ValueError("give func (a function to run on every pod) or command (a container command), not both")
+    if func is None and command is None and base_image is None:
+        raise ValueError("give func= (a function to run on every pod), command= (a container command), or "
+                         "base_image= (an image whose own entrypoint trains, as Kubeflow runs it)")
+    roles = replica_roles(framework, num_workers, num_chief_replicas, num_ps_replicas)
     if func is not None:
         command = function_command(func, func_args, framework, packages_to_install, pip_index_url)
     scheduling = Scheduling(gang_scheduler, queue=queue, priority_class=priority_class) if gang_scheduler else None
-    options = RenderOptions(name=name, framework=framework, roles=roles, image=base_image, command=list(command or []),
-                            env=sorted((env or {}).items()), namespace=namespace, kind=kind, scheduling=scheduling,
+    options = RenderOptions(name=name, framework=framework, roles=roles, image=base_image or DEFAULT_BASE_IMAGE,
+                            command=list(command or []), namespace=namespace, kind=kind, scheduling=scheduling,
+                            nproc_per_node=nproc_per_node(num_procs_per_worker, framework),
                             priority_class="" if scheduling else priority_class)
     objects = render(options)
     resources = pod_resources(resources_per_worker)
+    entries = env_entries(env, env_vars)
     for obj in objects:
-        if resources and obj["kind"] in ("StatefulSet", "Job"):
-            obj["spec"]["template"]["spec"]["containers"][0]["resources"] = resources
+        if obj["kind"] in ("StatefulSet", "Job"):
+            container = obj["spec"]["template"]["spec"]["containers"][0]
+            if resources:
+                container["resources"] = resources
+            if entries:
+                container["env"] = entries
     return objects
+
+
+def submitted_objects(job: Any, namespace: str | None) -> list[dict]:
+    """What `create_job(job=...)` creates: trainhook's manifests as they are, or a Kubeflow job converted as
+    `trainhook convert` converts it (what it cannot carry over is warned about, never dropped silently)."""
+    found = kubeflow_job(job)
+    if found is not None:
+        converted = convert_job(found, namespace=namespace)
+        for warning in converted.warnings:
+            warnings.warn(warning, stacklevel=3)
+        return converted.objects
+    if isinstance(job, (list, tuple)) and all(isinstance(obj, dict) for obj in job):
+        return list(job)
+    raise ValueError("job= is a list of manifests (from job_manifests, trainhook render or convert) or a Kubeflow "
+                     f"job (KubeflowOrgV1PyTorchJob, ... or its dict), not {type(job).__name__}")
 
 
 class TrainingClient:
     """Create, follow and delete training gangs; Kubeflow's TrainingClient calls, trainhook's workloads."""
 
-    def __init__(self, config_file: str | None = None, context: str | None = None, namespace: str | None = None):
+    def __init__(self, config_file: str | None = None, context: str | None = None, namespace: str | None = None,
+                 job_kind: str | None = None, client_configuration: Any = None):
+        """`job_kind` (Kubeflow's: "PyTorchJob", "TFJob", ...) is the framework `create_job` uses when a call names
+        none; `client_configuration` (a kubernetes.client.Configuration) is used instead of a kubeconfig."""
+        framework_of(job_kind, None)  # an unknown kind is refused now, not at the first create_job
         self.config_file = config_file
         self.context = context
+        self.job_kind = job_kind
+        self.client_configuration = client_configuration
         self._namespace = namespace
         self._cluster = None
         self._lock = threading.Lock()
@@ -99,7 +127,12 @@ class TrainingClient:
             if self._cluster is None:
                 from trainhook.cluster_client import Cluster
 
-                self._cluster = Cluster.connect(self.config_file, self.context, self._namespace)
+                if self.client_configuration is not None:
+                    from kubernetes import client
+
+                    self._cluster = Cluster(client.ApiClient(self.client_configuration), self._namespace or "default")
+                else:
+                    self._cluster = Cluster.connect(self.config_file, self.context, self._namespace)
             return self._cluster
 
     @property
@@ -123,27 +156,38 @@ class TrainingClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def create_job(self, name: str | None = None, func: Callable | None = None, func_args: dict | None = None,
-                   base_image: str = DEFAULT_BASE_IMAGE, num_workers: int = 1,
-                   resources_per_worker: dict | None = None, packages_to_install: list[str] | None = None,
-                   framework: str = keys.PYTORCH, namespace: str | None = None, job: list[dict] | None = None,
-                   dry_run: bool = False, train_func: Callable | None = None, parameters: dict | None = None,
-                   **options) -> list[dict]:
-        """Create a gang from a function (`func`, or Kubeflow's `train_func`/`parameters`), a `command=`, or
-        ready manifests (`job=`); returns the objects created (with `dry_run`, the manifests only)."""
-        func = func or train_func
-        func_args = func_args if func_args is not None else parameters
-        if job is None:
+    def create_job(self, name: Any = None, func: Callable | None = None, func_args: dict | None = None,
+                   base_image: str | None = None, num_workers: int | None = None, resources_per_worker: Any = None,
+                   packages_to_install: list[str] | None = None, framework: str | None = None,
+                   namespace: str | None = None, job: Any = None, dry_run: bool = False, *,
+                   job_kind: str | None = None, **options) -> list[dict]:
+        """Create a gang from a function (`func`, or Kubeflow's `train_func`/`parameters`), a `command=`, an image's
+        own entrypoint (`base_image=` alone), or ready manifests (`job=`, also a Kubeflow job, which is converted);
+        returns the objects created (with `dry_run`, the manifests only). Every other keyword is job_manifests'.
+        As in Kubeflow's SDK, the first argument may be the job itself."""
+        if name is not None and not isinstance(name, str):
+            if job is not None:
+                raise ValueError("the first argument is the job here, and job= was given too: give one")
+            name, job = None, name
+        if job is not None:
+            job_only({"name": name, "func": func, "func_args": func_args, "base_image": base_image,
+                      "num_workers": num_workers, "resources_per_worker": resources_per_worker,
+                      "packages_to_install": packages_to_install, "framework": framework, "job_kind": job_kind,
+                      **options})
+            objects = submitted_objects(job, namespace)
+        else:
             if not name:
-                raise ValueError("create_job needs a name (or job=[manifests])")
-            job = job_manifests(name, func=func, func_args=func_args, base_image=base_image,
-                                num_workers=num_workers, resources_per_worker=resources_per_worker,
-                                packages_to_install=packages_to_install, framework=framework,
-                                namespace=namespace, **options)
+                raise ValueError("create_job needs a name (or job=[manifests], or a Kubeflow job)")
+            if job_kind is None and framework is None:
+                job_kind = self.job_kind
+            objects = job_manifests(name, func=func, func_args=func_args, base_image=base_image,
+                                    num_workers=num_workers, resources_per_worker=resources_per_worker,
+                                    packages_to_install=packages_to_install, framework=framework,
+                                    namespace=namespace, job_kind=job_kind, **options)
         if dry_run:
-            return job
+            return objects
         cluster = self._in(namespace)
-        return [cluster.create(obj) for obj in job]
+        return [cluster.create(obj) for obj in objects]
 
     def get_job(self, name: str, namespace: str | None = None) -> GangState:
         """The gang's state: pods in rank order with phases and restarts, and its outcome."""
