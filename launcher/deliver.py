@@ -55,6 +55,15 @@ exit 127
 '''
 
 
+def self_command() -> list[str]:
+    """The command line that starts this launcher again (the MPI rsh agent's script calls it): the delivered
+    zip with this very Python, isolated, when running from one; else the installed package."""
+    for parent in Path(os.path.abspath(__file__)).parents:
+        if parent.suffix == ".pyz":
+            return [sys.executable, "-I", str(parent)]
+    return [sys.executable, "-m", "trainhook.launcher.cli"]
+
+
 def in_pod_modules() -> list[tuple[str, Path]]:
     """(name in the zip, source file) for every module of the in-pod set, in a stable order."""
     import trainhook

@@ -45,13 +45,18 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_the_ddp_example_trains_on_four_pods_and_cleans_up(tmp_path):
+def test_the_ddp_example_trains_on_four_pods_once_and_cleans_up(tmp_path):
+    """The StatefulSet's pods restart per restartPolicy Always, as on a kubelet: the delivered launcher is what
+    keeps the finished training from running again (it parks)."""
     result = local(str(DDP), "--timeout", "240", "--workdir", str(tmp_path / "run"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = summary(result.stdout)
     assert sorted(rows) == ["ddp-0", "ddp-1", "ddp-2", "ddp-3"]
     assert [(rows[p][0], rows[p][1], rows[p][3]) for p in sorted(rows)] == [
-        (str(i), "0", "Completed") for i in range(4)]
+        (str(i), "0", "Parked") for i in range(4)]
+    for i in range(4):
+        assert len(re.findall(rf"^\[ddp-{i}\] rank {i}/4 on ddp-{i}: training$", result.stdout, re.M)) == 1
+    assert "[ddp-0] trainhook-launch run: gang succeeded" in result.stdout
     digests = set(re.findall(r"^\[ddp-\d\] final parameters digest (\w+) identical-across-ranks=True$",
                              result.stdout, re.M))
     assert len(digests) == 1
@@ -61,6 +66,37 @@ def test_the_ddp_example_trains_on_four_pods_and_cleans_up(tmp_path):
     assert "images are not pulled" in result.stderr
     assert "epoch 5 loss" in (tmp_path / "run/logs/ddp-0/trainer.log").read_text()
     assert_cleaned_up(result.stderr)
+
+
+def test_a_gang_without_the_launcher_retrains_as_it_would_on_a_kubelet(tmp_path):
+    """Opted out of the delivered launcher, a StatefulSet's finished training is restarted (restartPolicy
+    Always), again and again: trainhook local is never kinder than a kubelet. The run ends on its timeout."""
+    docs = [d for d in yaml.safe_load_all(DDP.read_text()) if d]
+    for doc in docs:
+        if doc["kind"] == "StatefulSet":
+            doc["spec"]["replicas"] = 2
+            doc["spec"]["template"]["metadata"].setdefault("annotations", {})["trainhook.dev/launcher"] = "none"
+            doc["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "EPOCHS", "value": "1"}]
+    manifest = tmp_path / "retrains.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    result = local(str(manifest), "--timeout", "45", "--workdir", str(tmp_path / "run"))
+    assert result.returncode == 124, result.stdout[-3000:] + result.stderr[-3000:]
+    assert len(re.findall(r"^\[ddp-0\] rank 0/2 on ddp-0: training$", result.stdout, re.M)) >= 2
+    assert re.search(r"^\[ddp-0\] trainhook local: container trainer exited with 0; restarting it in [0-9.]+s "
+                     r"\(restartPolicy Always\) as a kubelet would", result.stdout, re.M)
+    assert_cleaned_up(result.stderr)
+
+
+def test_a_training_container_sees_its_images_commands_and_the_delivered_launcher_not_ours(tmp_path):
+    text = FAILING.replace("""args: ['if [ "$TRAINHOOK_RANK" = 2 ]; then sleep 1; echo rank 2 fails; exit 3; fi; exec sleep 120']""",
+                           """args: ['command -v trainhook-launch || echo no trainhook-launch on PATH; ls /trainhook/bin; command -v python3; command -v torchrun']""")
+    text = text.replace("replicas: 3", "replicas: 1")
+    result = local(str(write(tmp_path, text)), "--timeout", "60")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[gang-0] no trainhook-launch on PATH" in result.stdout
+    assert "[gang-0] trainhook-launch" in result.stdout  # ls /trainhook/bin: the delivered one
+    assert re.search(r"^\[gang-0\] /\S+/image-bin/python3$", result.stdout, re.M)
+    assert re.search(r"^\[gang-0\] /\S+/image-bin/torchrun$", result.stdout, re.M)
 
 
 FAILING = """
@@ -88,16 +124,19 @@ spec:
 """
 
 
-def test_a_failing_pod_fails_the_run_and_stops_the_others(tmp_path):
+def test_a_failing_pod_fails_the_gang_and_stops_the_others(tmp_path):
+    """The delivered launcher ends the gang: rank 2's failure stops every member's training, and every pod parks
+    (a StatefulSet's pods would rerun the training otherwise); the outcome names the rank and its code."""
     started = time.monotonic()
     result = local(str(write(tmp_path, FAILING)), "--timeout", "100")
     assert time.monotonic() - started < 60
     assert result.returncode == 3, result.stdout + result.stderr
     rows = summary(result.stdout)
-    assert (rows["gang-2"][0], rows["gang-2"][1], rows["gang-2"][3]) == ("2", "3", "Error")
-    assert [(rows[p][1], rows[p][3]) for p in ("gang-0", "gang-1")] == [("143", "Terminated")] * 2
+    assert (rows["gang-2"][0], rows["gang-2"][1], rows["gang-2"][3]) == ("2", "3", "Parked")
+    assert [rows[p][3] for p in ("gang-0", "gang-1")] == ["Parked"] * 2
     assert "[gang-2] rank 2 fails" in result.stdout
-    assert "run failed: gang-2/trainer exited with 3 (exit 3)" in result.stdout
+    assert ("run failed: gang default/gang failed: rank 2 (worker-2 at gang-2.gang) exited with 3 [pod gang-2] "
+            "(exit 3)") in result.stdout
     assert_cleaned_up(result.stderr)
 
 

@@ -179,12 +179,15 @@ def command_line(container: dict, env: Mapping[str, str], owner: dict) -> list[s
     return [expand(str(part), lookup) for part in list(command) + list(container.get("args") or [])]
 
 
-def base_env(hostname: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What a container gets from outside its spec: PATH (this interpreter's directory first), HOME, LANG,
-    HOSTNAME. Locally the image's own environment is replaced by the current Python environment."""
+def base_env(hostname: str, environ: Mapping[str, str] | None = None, image_bin: str | None = None) -> dict[str, str]:
+    """What a container gets from outside its spec: PATH, HOME, LANG, HOSTNAME. Locally the image's own
+    environment is stood in for by the current Python environment: PATH starts with `image_bin` (a user's image:
+    its Python and framework commands, nothing of trainhook's; trainhook.local.images), else with this
+    interpreter's directory (the launcher image)."""
     environ = os.environ if environ is None else environ
     own_bin = os.path.dirname(sys.executable)
-    parts = [own_bin] + [p for p in environ.get("PATH", os.defpath).split(os.pathsep) if p and p != own_bin]
+    parts = [image_bin or own_bin] + [p for p in environ.get("PATH", os.defpath).split(os.pathsep)
+                                      if p and p != own_bin]
     env = {"PATH": os.pathsep.join(parts), "HOME": environ.get("HOME", "/root"), "HOSTNAME": hostname}
     if "LANG" in environ:
         env["LANG"] = environ["LANG"]

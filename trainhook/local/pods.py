@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from trainhook import keys
 from trainhook.local.envvars import PodFacts, Sources, base_env, command_line, container_env
+from trainhook.local.images import image_bin, runs_launcher_image
 from trainhook.local.volumes import Mount, container_mounts, prepare_volumes
 
 DEFAULT_GRACE_SECONDS = 30.0  # Kubernetes' default terminationGracePeriodSeconds
@@ -121,11 +122,13 @@ def build_pod(pod: dict, ip: str, netns_path: str, hosts_path: Path, pod_dir: Pa
     volumes = prepare_volumes(pod, pod_dir, claims_dir, sources)
     facts = PodFacts(pod_ip=ip)
     training = training_container_name(pod)
+    users_image = str(image_bin(pod_dir.parent.parent))  # RUN_DIR/pods/POD -> RUN_DIR/image-bin
 
     def resolve(container: dict, kind: ContainerKind) -> ContainerSpec:
         own = container_env(container, pod, facts, sources)  # `$(VAR)` in commands sees only these
-        return ContainerSpec(name=container.get("name", ""), kind=kind,
-                             command=command_line(container, own, pod), env={**base_env(hostname), **own},
+        path_first = None if runs_launcher_image(container) else users_image
+        return ContainerSpec(name=container.get("name", ""), kind=kind, command=command_line(container, own, pod),
+                             env={**base_env(hostname, image_bin=path_first), **own},
                              mounts=container_mounts(container, volumes), workdir=container.get("workingDir"),
                              training=kind == "main" and container.get("name") == training)
 

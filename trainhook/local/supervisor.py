@@ -3,16 +3,18 @@
 Per pod: init containers one by one (sidecars, `restartPolicy: Always`, are started and left running), then all
 containers at once; the pod is done when its containers have exited, and its sidecars are then stopped.
 
-Two kinds of training container:
-- Gang-aware ones run under `trainhook-launch run`, whose launcher keeps its state in a status file the runner
-  names in TRAINHOOK_LOCAL_STATUS (RUN_DIR/pods/POD/status/CONTAINER.json). They are restarted per the pod's
-  restartPolicy (Always, OnFailure, Never) with a short backoff, as the kubelet restarts them, for as long as
-  their gang's outcome is not known. Their failures do not stop the run: their launchers coordinate the gang.
-  The run ends when every pod is settled: its containers have exited for good, or its launcher is parked
-  (the gang is done and the launcher stays up so that its container is not rerun); parked containers are then
-  stopped. The run's outcome is the gangs' outcome, as their launchers recorded it.
-- Any other training container runs once, and the runner keeps its own gang rule for it: the first failure
-  stops every pod (a cluster would restart it; nothing coordinates such a gang).
+Every container is restarted per its pod's restartPolicy (Always, OnFailure, Never) with a short backoff, as the
+kubelet restarts it, never kinder. Two kinds of training container:
+- Gang-aware ones run under `trainhook-launch run` (the webhook's delivered launcher), whose launcher keeps its
+  state in a status file the runner names in TRAINHOOK_LOCAL_STATUS (RUN_DIR/pods/POD/status/CONTAINER.json).
+  They stop being restarted once their gang's outcome is known. Their failures do not stop the run: their
+  launchers coordinate the gang. The run ends when every pod is settled: its containers have exited for good,
+  or its launcher is parked (the gang is done and the launcher stays up so that its container is not rerun);
+  parked containers are then stopped. The run's outcome is the gangs' outcome, as their launchers recorded it.
+- Any other training container (a gang opted out with `trainhook.dev/launcher: none`) is restarted whatever
+  its exit when its restartPolicy says so, exactly as a kubelet would: a StatefulSet's finished training runs
+  again, and the run then ends only on its timeout. Where no restart follows (restartPolicy Never), the runner
+  keeps its own gang rule: the first failure stops every pod.
 The run also ends on the timeout, or on SIGINT/SIGTERM.
 
 A container's process is started in its own session, and when it exits every process of that session is killed,
@@ -382,25 +384,27 @@ class Supervisor:
         await self._stop_sidecars(pod, sidecars)
 
     async def _run_restarting(self, pod: LocalPod, spec: ContainerSpec, result: PodResult) -> None:
-        """Run a container, and run it again as the kubelet would when it is gang-aware and its gang's outcome is
-        not known yet (restartPolicy Always: whatever the exit; OnFailure: a non-zero exit)."""
+        """Run a container, and run it again as the kubelet would (restartPolicy Always: whatever the exit;
+        OnFailure: a non-zero exit), unless it is gang-aware and its gang's outcome is known."""
         backoff = RESTART_BACKOFF
         policy = self.restart_policies.get(pod.name, "Never")
         while True:
             code = await self._run_container(pod, spec, result)
-            if code is None or self._stopping or not result.containers[-1].gang_aware:
+            if code is None or self._stopping or not restarts(policy, code):
                 return
-            if not (policy == "Always" or (policy == "OnFailure" and code != 0)):
-                return
-            state = self.read_status(pod) or {}
             prefix = f"[{pod.name}] ".encode()
-            if state.get("outcome"):
-                self.output.line(prefix, f"trainhook local: container {spec.name} exited with {code} after its "
-                                         f"gang's outcome was known; not restarting it (restartPolicy "
-                                         f"{policy})".encode())
-                return
+            if result.containers[-1].gang_aware:
+                if (self.read_status(pod) or {}).get("outcome"):
+                    self.output.line(prefix, f"trainhook local: container {spec.name} exited with {code} after "
+                                             f"its gang's outcome was known; not restarting it (restartPolicy "
+                                             f"{policy})".encode())
+                    return
+                why = ""
+            else:
+                why = (" as a kubelet would: it does not run under trainhook-launch, so nothing ends its gang"
+                       if spec.training else "")
             self.output.line(prefix, f"trainhook local: container {spec.name} exited with {code}; restarting it "
-                                     f"in {backoff:g}s (restartPolicy {policy})".encode())
+                                     f"in {backoff:g}s (restartPolicy {policy}){why}".encode())
             end = time.monotonic() + backoff
             while time.monotonic() < end and not self._stopping:
                 await asyncio.sleep(0.05)
@@ -457,9 +461,15 @@ class Supervisor:
             pass
         record.exit_code, record.finished = exit_code(returncode), time.monotonic()
         record.gang_aware = spec.training and spec.kind == "main" and status.exists()
-        if record.exit_code != 0 and (spec.training or spec.kind == "init") and not record.gang_aware:
+        final = spec.kind == "init" or not restarts(self.restart_policies.get(pod.name, "Never"), record.exit_code)
+        if record.exit_code != 0 and (spec.training or spec.kind == "init") and not record.gang_aware and final:
             self._failed(pod, spec, record.exit_code)
         return record.exit_code
+
+
+def restarts(policy: str, code: int) -> bool:
+    """Whether the kubelet restarts a container that exited with `code` under the pod's restartPolicy."""
+    return policy == "Always" or (policy == "OnFailure" and code != 0)
 
 
 def _kill_session(sid: int) -> None:
