@@ -486,14 +486,29 @@ def test_the_training_cluster_role_grants_exec_statefulset_scale_and_outcome_rec
     ]
 
 
+def test_a_default_install_binds_the_training_role_for_the_default_namespaces_service_accounts(rendered):
+    """So that a gang in "default" records its outcome and scales to zero out of the box: least privilege, one
+    RoleBinding in that namespace, to its ServiceAccounts' group, never cluster-wide."""
+    manifests = rendered["self-managed"]
+    assert [b for b in find_all(manifests, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-training")] == []
+    [binding] = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"].endswith("-training")]
+    assert binding["metadata"]["namespace"] == "default"
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                    "name": "system:serviceaccounts:default"}]
+    notes = render_notes({}, NAMESPACE)
+    assert "Bound by this release for every ServiceAccount of (value trainingNamespaces):\n  - default" in notes
+
+
 def test_training_service_accounts_are_bound_in_their_own_namespaces_only(rendered):
-    assert [b for b in find_all(rendered["self-managed"], "RoleBinding")
-            if b["roleRef"]["name"].endswith("-training")] == []
     manifests = rendered["self-managed-full"]
     assert [b for b in find_all(manifests, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-training")] == []
-    bindings = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"] == "ml-trainhook-training"]
+    bindings = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"] == "ml-trainhook-training"
+                and b["subjects"][0]["kind"] == "ServiceAccount"]
     assert sorted((b["metadata"]["namespace"], b["subjects"][0]["name"]) for b in bindings) == sorted(
         (a["namespace"], a["name"]) for a in FULL["trainingServiceAccounts"])
+    groups = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"] == "ml-trainhook-training"
+              and b["subjects"][0]["kind"] == "Group"]
+    assert sorted(b["metadata"]["namespace"] for b in groups) == sorted(FULL["trainingNamespaces"])
     for binding in bindings:
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                       "name": "ml-trainhook-training"}
