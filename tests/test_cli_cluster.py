@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from conftest_cluster import control_plane, k8s_namespace, register_webhook, unregister_webhook  # noqa: F401
+from launcher_outcomes import decided, record
 from trainhook import keys
 from trainhook.cli import main
-from trainhook.render import PHASE
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,19 +128,17 @@ def test_submit_wait_shows_progress_and_times_out(control_plane, k8s_namespace, 
 
 
 def test_the_recorded_phase_is_the_outcome(control_plane, k8s_namespace, mutating_webhook, capsys):  # noqa: F811
-    from kubernetes import client
-
     kube = ["--kubeconfig", str(control_plane.kubeconfig), "-n", k8s_namespace]
     assert cli(capsys, "submit", "done", "--workers", "1", "--image", "i", *kube, "--", "true")[0] == 0
     code, _, err = cli(capsys, "submit", "done", "--workers", "1", "--image", "i", *kube, "--", "true")
     assert code == 1  # submit creates; the API server's own words say why it cannot
     assert err == 'Error from server (AlreadyExists): service/done: services "done" already exists\n'
-    with control_plane.api_client() as api:
-        client.AppsV1Api(api).patch_namespaced_stateful_set(
-            "done", k8s_namespace, {"metadata": {"annotations": {PHASE: "Succeeded at 2025-01-01T00:00:00Z: rank 0 "
-                                                                         "exited 0"}}})
+    outcome = decided("done", size=1)
+    with control_plane.api_client() as api:  # recorded by the launcher's own writer, as rank 0 records it
+        record(api, "StatefulSet", "done", k8s_namespace, outcome)
     code, out, _ = cli(capsys, "status", "done", *kube)
-    assert out.splitlines()[0].endswith(": Succeeded (Succeeded at 2025-01-01T00:00:00Z: rank 0 exited 0)")
+    assert out.splitlines()[0].endswith(f": Succeeded (rank 0 (worker-0 at done-0.done) exited 0 (exit 0) at "
+                                        f"{outcome.time})")
     code, out, _ = cli(capsys, "submit", "-f", "/dev/null", *kube)  # nothing to create is an error, not a hang
     assert code == 1
 

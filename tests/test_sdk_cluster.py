@@ -7,8 +7,8 @@ import pytest
 
 from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from test_cli_cluster import mutating_webhook, wait_for  # noqa: F401
+from launcher_outcomes import decided, record
 from trainhook import JobFailed, TrainingClient, keys
-from trainhook.render import PHASE
 
 pytestmark = pytest.mark.cluster
 
@@ -16,13 +16,6 @@ pytestmark = pytest.mark.cluster
 def train(args):
     import os
     print("rank", os.environ["RANK"], "lr", args["lr"])
-
-
-def record_phase(control_plane, namespace: str, name: str, phase: str) -> None:  # noqa: F811
-    from kubernetes import client
-    with control_plane.api_client() as api:
-        client.AppsV1Api(api).patch_namespaced_stateful_set(
-            name, namespace, {"metadata": {"annotations": {PHASE: phase}}})
 
 
 def test_create_get_list_logs_wait_delete(control_plane, k8s_namespace, mutating_webhook):  # noqa: F811
@@ -43,13 +36,15 @@ def test_create_get_list_logs_wait_delete(control_plane, k8s_namespace, mutating
 
         with pytest.raises(TimeoutError):
             client.wait_for_job("sdk", timeout=1, polling_interval=0.2)
-        record_phase(control_plane, k8s_namespace, "sdk", '{"phase": "Succeeded", "reason": "rank 0 exited 0"}')
-        assert client.wait_for_job("sdk", timeout=10).outcome == "Succeeded"
-        assert client.is_job_succeeded("sdk")
-        record_phase(control_plane, k8s_namespace, "sdk", "Failed: sdk-2 exited 3")
+        with control_plane.api_client() as api:  # what rank 0's launcher records, with its own writer
+            record(api, "StatefulSet", "sdk", k8s_namespace, decided("sdk", size=3))
+            assert client.wait_for_job("sdk", timeout=10).outcome == "Succeeded"
+            assert client.is_job_succeeded("sdk")
+            failure = decided("sdk", size=3, rank=2, code=3)
+            record(api, "StatefulSet", "sdk", k8s_namespace, failure)
         with pytest.raises(JobFailed) as failed:
             client.wait_for_job("sdk", timeout=10)
-        assert failed.value.state.detail == "Failed: sdk-2 exited 3"
+        assert failed.value.state.detail == f"rank 2 (worker-2 at sdk-2.sdk) exited with 3 (exit 3) at {failure.time}"
 
         assert client.delete_job("sdk") == ["statefulset/sdk", "service/sdk"]
         wait_for(lambda: client.get_job("sdk").outcome == "NotFound", what="the gang to be gone")

@@ -2,19 +2,17 @@
 
 The rank of a pod is the `TRAINHOOK_RANK` the webhook wrote into its training container; the outcome is the
 `trainhook.dev/phase` the launchers record on the workload when the gang ends (with `phase-reason`,
-`exit-code` and `phase-time`), else what the Jobs and the pods say (all pods Succeeded: Succeeded; any
-Failed: Failed).
+`exit-code` and `phase-time`; read with the launcher's own `Outcome.from_annotations`, the reader paired with
+the writer), else what the Jobs and the pods say (all pods Succeeded: Succeeded; any Failed: Failed).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainhook import keys
-from trainhook.render import EXIT_CODE, PHASE, PHASE_REASON, PHASE_TIME
+from trainhook.launcher.lifecycle import Outcome
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -105,21 +103,6 @@ def pod_state(pod: dict) -> PodState:
                     node=(pod.get("spec") or {}).get("nodeName") or "")
 
 
-def parse_phase(text: str) -> tuple[str, str]:
-    """(phase, detail) from the `trainhook.dev/phase` annotation: JSON with a `phase` field, or text that starts
-    with the phase (`Succeeded at 2025-01-01T00:00:00Z: rank 0 exited 0`)."""
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = {}
-        if isinstance(value, dict) and value.get("phase"):
-            return str(value["phase"]), text
-    word = re.split(r"[\s:;,]", text, maxsplit=1)[0]
-    return word, text
-
-
 def workload_size(workload: dict) -> int:
     spec = workload.get("spec") or {}
     value = spec.get("replicas", 1) if workload.get("kind") == "StatefulSet" else spec.get("completions", 1)
@@ -155,22 +138,20 @@ def gang_shape(workloads: list[dict], pods: list[dict]) -> tuple[str, int]:
     return "", len(pods)
 
 
-def recorded_phase(annotations: dict) -> tuple[str, str]:
-    """(phase, detail) the launchers recorded on a workload: the phase annotation, with its reason, exit code
-    and time when they are there (`rank 0 exited 0 (exit 0) at 2025-01-01T00:00:00Z`)."""
-    phase, detail = parse_phase(annotations[PHASE])
-    reason = annotations.get(PHASE_REASON, "")
-    if reason or EXIT_CODE in annotations:
-        detail = reason + (f" (exit {annotations[EXIT_CODE]})" if EXIT_CODE in annotations else "")
-        if annotations.get(PHASE_TIME):
-            detail += f" at {annotations[PHASE_TIME]}"
-    return phase, detail.strip()
+def recorded_outcome(workload: dict) -> tuple[str, str] | None:
+    """(phase, detail) the launchers recorded on a workload, read by the launcher's own reader (the one a launcher
+    asks before it reruns anything), so status agrees with the launchers on whether a gang is done:
+    `rank 2 (worker-2 at g-2.g) exited with 3 (exit 3) at 2025-01-01T00:00:00Z`. None when there is no outcome."""
+    recorded = Outcome.from_annotations((workload.get("metadata") or {}).get("annotations") or {})
+    if recorded is None:
+        return None
+    detail = f"{recorded.reason} (exit {recorded.code})" + (f" at {recorded.time}" if recorded.time else "")
+    return recorded.phase, detail.strip()
 
 
 def outcome(workloads: list[dict], pods: list[PodState], size: int) -> tuple[str, str]:
     """(outcome, detail): the launchers' recorded phase wins, then the Jobs' conditions, then the pods."""
-    phases = [recorded_phase(((w.get("metadata") or {}).get("annotations") or {})) for w in workloads
-              if PHASE in ((w.get("metadata") or {}).get("annotations") or {})]
+    phases = [found for found in map(recorded_outcome, workloads) if found]
     for wanted in ("Failed", "Succeeded"):
         for phase, detail in phases:
             if phase == wanted:

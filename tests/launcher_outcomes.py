@@ -1,0 +1,42 @@
+"""Gang outcomes as the launcher decides and records them, for the tests of what reads them (`trainhook status`,
+`list`, `submit --wait`, the SDK). The annotations come from the launcher's own code, never written by hand: a
+change of the launcher's format then breaks the readers' tests, instead of leaving them testing a format that
+nothing writes.
+
+- `decided(job, size, rank, code)`: the outcome the gang's coordinator decides (its pure decision machine,
+  launcher/coordinator.py's GangState, fed as members would feed it): `size` workers join and rank `rank` exits
+  with `code` (rank 0 exiting 0 is success).
+- `outcome.annotations()`: what the launcher writes on the workload.
+- `record(api_client, kind, name, namespace, outcome)`: the launcher's own writer (launcher/outcome_api.py),
+  against a real API server.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trainhook import keys
+from trainhook.launcher import outcome_api
+from trainhook.launcher.coordinator import EXITED, GangState, Report
+from trainhook.launcher.gang import parse_gang
+from trainhook.launcher.lifecycle import Outcome, Policy
+
+
+def rank0_env(job: str, namespace: str, size: int) -> dict[str, str]:
+    """The gang variables the webhook injects into rank 0 of a one-StatefulSet PyTorch gang."""
+    return {keys.TH_FRAMEWORK: "pytorch", keys.TH_JOB_NAME: job, keys.TH_NAMESPACE: namespace,
+            keys.TH_ROLE: "worker", keys.TH_INDEX: "0", keys.TH_REPLICAS: f"worker={size}",
+            keys.TH_HOSTS: f"worker={job}", keys.TH_SUBDOMAIN: job}
+
+
+def decided(job: str, size: int = 2, rank: int = 0, code: int = 0, namespace: str = "ns") -> Outcome:
+    state = GangState(parse_gang(rank0_env(job, namespace, size)), Policy(), now=time.time())
+    for member in range(size):
+        state.joined(member, member + 1, Report())
+    state.reported(rank, rank + 1, Report(attempt=state.attempt, status=EXITED, code=code, since=state.since))
+    assert state.outcome is not None, state.log  # rank 0 exiting 0, or any rank failing, ends the gang
+    return state.outcome
+
+
+def record(api_client, kind: str, name: str, namespace: str, outcome: Outcome) -> None:
+    outcome_api.record_outcome(api_client, kind, name, namespace, outcome)
