@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from trainhook.launcher import gang_protocol as wire
-from trainhook.launcher import outcome_api
+from trainhook.launcher import ending, outcome_api
 from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, Report
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
@@ -418,35 +418,8 @@ class Member:
                 reap_exited()
 
     def record_outcome(self, outcome: Outcome) -> str:
-        """The first member of each role records the outcome on its workload and scales a StatefulSet to zero.
-        Returns what happened, in words, for the parking message."""
-        kind, name = self.settings.workload_kind, self.settings.workload_name
-        leader = f"{self.gang.role}-0"
-        if self.gang.index != 0:
-            return (f"{leader} records the outcome on {kind}/{name}"
-                    + (" and scales it to zero" if kind == "StatefulSet" else "") + " when its ServiceAccount may")
-        if kind not in outcome_api.KINDS or not name:
-            return f"the outcome is recorded nowhere: a {kind or 'bare Pod'} gang has no workload to record it on"
-        try:
-            api = outcome_api.client(self.settings.service_account_dir)
-        except outcome_api.Unavailable as e:
-            return f"the outcome is not recorded on {kind}/{name} and it is not scaled to zero: {e}"
-        with api:
-            try:
-                outcome_api.record_outcome(api, kind, name, self.gang.namespace, outcome)
-                say(f"recorded the outcome on {kind}/{name}: {outcome.phase}")
-            except outcome_api.Unavailable as e:
-                say(str(e))
-                return f"the outcome is not recorded and {kind}/{name} is not scaled to zero: {e}"
-            if kind != "StatefulSet":
-                return f"the outcome is recorded on {kind}/{name}"
-            try:
-                outcome_api.scale_to_zero(api, name, self.gang.namespace)
-            except outcome_api.Unavailable as e:
-                say(str(e))
-                return f"the outcome is recorded on {kind}/{name}, but it is not scaled to zero: {e}"
-        say(f"scaled {kind}/{name} to zero: its controller deletes the gang's pods")
-        return f"{kind}/{name} is scaled to zero, so its pods are deleted shortly"
+        """The first member of each role records the outcome on its workload (ending.record_outcome)."""
+        return ending.record_outcome(self.gang, self.settings, outcome, say)
 
     def recorded_outcome(self) -> Outcome | None:
         """The outcome recorded on this gang's workload before this launcher started (rank 0, in a cluster)."""
@@ -497,15 +470,8 @@ class Member:
 
     def status(self, state: str) -> None:
         """The launcher's state for `trainhook local` (TRAINHOOK_LOCAL_STATUS); nothing in a cluster."""
-        if not self.settings.local_status:
-            return
-        data = {"pid": os.getpid(), "state": state, "namespace": self.gang.namespace, "job": self.gang.job_name,
-                "rank": self.gang.rank, "attempt": self.report.attempt, "training_code": self.last_code,
-                "outcome": None if self.outcome is None else self.outcome.to_dict(), "time": time.time()}
-        try:
-            write_atomically(Path(self.settings.local_status), data)
-        except OSError as e:
-            say(f"cannot write the local status file {self.settings.local_status}: {e}")
+        ending.write_local_status(self.settings, ending.status_document(
+            self.gang, state, self.outcome, self.report.attempt, self.last_code), say)
 
 
 def write_atomically(path: Path, data: dict) -> None:

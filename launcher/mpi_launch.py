@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from trainhook import keys
+from trainhook.launcher import ending
 from trainhook.launcher import kubexec as kubexec_module
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_worker
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
+from trainhook.launcher.lifecycle import read_settings
 from trainhook.launcher.run import SignalForwarder, exit_code, wait_for
 from trainhook.launcher.wait import describe, why
 from trainhook.webhook.frameworks import mpi
@@ -305,12 +307,24 @@ def launch(gang: Gang, env: Mapping[str, str], cmd: Sequence[str]) -> int:
     return code
 
 
+def end_gang(gang: Gang, env: Mapping[str, str], code: int) -> int:
+    """mpirun has ended (or the launcher told this worker how): the gang is done. Every member ends as `run`'s
+    members do (ending.py): the first of each role records the outcome on its workload and scales a StatefulSet
+    to zero, and a StatefulSet's pods park instead of exiting, so a finished MPI gang never trains again."""
+    settings = read_settings(env, gang)
+    shape = shape_of(gang)
+    launcher = next((p for p in gang.peers if mpi.is_launcher(p.role, p.index, shape)), gang.peers[0])
+    reason = f"the MPI launcher, {launcher}, ended the gang with exit {code}"
+    return ending.end_member(gang, settings, ending.outcome_of(code, reason, launcher.rank), code, say)
+
+
 def main(cmd: Sequence[str]) -> int:
-    return launch(parse_gang(os.environ), os.environ, cmd)
+    gang = parse_gang(os.environ)
+    return end_gang(gang, os.environ, launch(gang, os.environ, cmd))
 
 
 def worker_main(cmd: Sequence[str]) -> int:
     gang = parse_gang(os.environ)
     if gang.framework != keys.MPI:
         raise ConfigError(f"{keys.TH_FRAMEWORK}={gang.framework!r}: mpi-worker is for {keys.MPI} gangs")
-    return mpi_worker.serve(gang, os.environ, cmd)
+    return end_gang(gang, os.environ, mpi_worker.serve(gang, os.environ, cmd))

@@ -75,7 +75,8 @@ def test_a_container_without_command_is_refused_naming_the_key_and_the_fixes():
         mutate("Pod", "CREATE", pod(command=None), "team-a", SETTINGS)
     [problem] = denied.value.problems
     assert problem.startswith("spec.containers[trainer].command=None: the training command cannot be wrapped")
-    assert "set `command`" in problem and "trainhook.dev/entrypoint" in problem and "trainhook.dev/launcher: none" in problem
+    assert "set `command`" in problem and "trainhook.dev/entrypoint" in problem
+    assert "trainhook.dev/launcher: none" in problem
 
 
 def test_the_entrypoint_annotation_stands_in_for_a_missing_command():
@@ -96,7 +97,8 @@ def test_a_malformed_entrypoint_is_refused(value):
 def test_an_unknown_launcher_mode_is_refused():
     with pytest.raises(Denied) as denied:
         mutate("Pod", "CREATE", pod({"trainhook.dev/launcher": "baked"}), "team-a", SETTINGS)
-    assert denied.value.problems == ["trainhook.dev/launcher='baked': unknown launcher mode; use one of delivered, none"]
+    assert denied.value.problems == [
+        "trainhook.dev/launcher='baked': unknown launcher mode; use one of delivered, none"]
 
 
 def test_user_init_containers_that_call_the_launcher_get_the_delivered_copy_after_the_install():

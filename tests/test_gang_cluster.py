@@ -170,8 +170,8 @@ def test_without_the_role_the_launcher_gets_403_and_parks_saying_why(control_pla
     launcher = Launcher(control_plane, ns, tokens["nobody"], tmp_path, [sys.executable, "-c", "print('training')"])
     try:
         line = launcher.wait_for_line("parked:")
-        assert (f"the outcome is not recorded and StatefulSet/{NAME} is not scaled to zero: cannot record the outcome "
-                f"on StatefulSet/{NAME}: statefulsets.apps \"{NAME}\" is forbidden: User "
+        assert (f"the outcome is not recorded on StatefulSet/{NAME} and it is not scaled to zero: cannot record the "
+                f"outcome on StatefulSet/{NAME}: statefulsets.apps \"{NAME}\" is forbidden: User "
                 f"\"system:serviceaccount:{ns}:nobody\" cannot patch resource \"statefulsets\"") in line
         assert "(HTTP 403): bind the pod's ServiceAccount to the chart's training ClusterRole" in line
         # reading the recorded outcome at start was refused too, and said so

@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import local_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "mpi"
 LOOP = '''\
@@ -158,6 +160,9 @@ def test_mpich_allreduce_on_one_statefulset_through_hydra_with_its_own_hostfile_
     done, run_dir = local(write(docs, tmp_path / "allreduce-mpich.yaml"), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert exit_codes(done.stdout) == {"allreduce-0": 0, "allreduce-1": 0, "allreduce-2": 0}
+    # A StatefulSet's pods would rerun the training: every member parks once mpirun is done, as `run`'s do.
+    assert {pod: row[3] for pod, row in local_summary(done.stdout).items()} == {
+        "allreduce-0": "Parked", "allreduce-1": "Parked", "allreduce-2": "Parked"}
     launcher = log(run_dir, "allreduce-0")
     # Hydra's proxies dial the launcher back by the name -localhost gives (its own hostname would not resolve).
     assert ("running: mpiexec.mpich -localhost allreduce-0.allreduce -n 3 python /workspace/allreduce.py"
@@ -199,11 +204,12 @@ def test_the_ssh_transport_with_keys_from_a_secret_and_sshd_in_the_workers(tmp_p
         workload["spec"]["template"]["spec"]["volumes"].append(volume)
         c["volumeMounts"].append({"name": "ssh-auth", "mountPath": "/root/.ssh"})
         if workload["metadata"]["name"] == "sgd-worker":
-            c["command"] = ["sh", "-c", "mkdir -p /run/sshd && exec trainhook-launch mpi-worker -- /usr/sbin/sshd -De"]
+            # mpi-operator v2's worker command; the webhook runs it beside `trainhook-launch mpi-worker`.
+            c["command"] = ["sh", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -De"]
         else:
             c["env"].append({"name": "TRAINHOOK_MPI_TRANSPORT", "value": "ssh"})
             # sshd gives its sessions the system PATH; the ranks need this Python's (an image's would be there).
-            c["command"] = c["command"][:4] + ["-x", "PATH"] + c["command"][4:]
+            c["command"] = c["command"][:1] + ["-x", "PATH"] + c["command"][1:]
     done, run_dir = local(write(docs, tmp_path / "sgd-ssh.yaml"), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     launcher = log(run_dir, "sgd-launcher-0")
@@ -212,7 +218,7 @@ def test_the_ssh_transport_with_keys_from_a_secret_and_sshd_in_the_workers(tmp_p
     assert "identical-across-ranks=True" in launcher
     for worker in ("sgd-worker-0", "sgd-worker-1"):
         text = log(run_dir, worker)
-        assert "started /usr/sbin/sshd -De" in text
+        assert "started sh -c mkdir -p /run/sshd && exec /usr/sbin/sshd -De" in text
         assert "Accepted publickey for root" in text  # the daemons really came in over ssh
         assert "launcher finished: mpirun exited with 0; exiting 0" in text
 
@@ -228,7 +234,7 @@ def loop_gang(tmp_path: Path) -> Path:
     for workload, c in containers(docs):
         workload["metadata"]["annotations"]["trainhook.dev/slots-per-worker"] = "1"
         if workload["metadata"]["name"] == "sgd-launcher":
-            c["command"] = ["trainhook-launch", "mpirun", "--", "python", "/workspace/loop.py"]
+            c["command"] = ["python", "/workspace/loop.py"]
     return write(docs, tmp_path / "loop.yaml")
 
 
@@ -320,8 +326,9 @@ def test_a_worker_pod_killed_mid_run_ends_the_whole_gang_non_zero_within_seconds
 def test_a_worker_that_never_answers_is_named_at_the_launchers_deadline(tmp_path):
     docs = documents(EXAMPLES / "sgd.yaml")
     for workload, c in containers(docs):
-        if workload["metadata"]["name"] == "sgd-worker":
-            c["command"] = ["sleep", "60"]
+        if workload["metadata"]["name"] == "sgd-worker":  # workers that never run mpi-worker
+            workload["spec"]["template"]["metadata"]["annotations"] = {"trainhook.dev/launcher": "none"}
+            c["command"] = ["sleep", "20"]  # nothing stops them: the run ends when they do
         else:
             c["env"].append({"name": "TRAINHOOK_WAIT_TIMEOUT", "value": "3"})
     started = time.monotonic()
