@@ -7,7 +7,9 @@ coordinator port (29497) speaking gang_protocol, one thread per member connectio
 The rules (contract section 7):
 - The first attempt starts when every member has joined (a barrier, so every member's failure is watched from
   the first second); members that do not join within the gang wait's timeout fail the gang, by name.
-- Rank 0 exiting 0 ends the gang: Succeeded. A member exiting 0 before rank 0 has finished its part and waits.
+- The deciding member exiting 0 ends the gang: Succeeded (Kubeflow's rule: the chief or master; without one,
+  TensorFlow's worker 0, since a parameter server serves until it is stopped; else rank 0). Any other member
+  exiting 0 before it has finished its part and waits.
 - A member exiting non-zero, or its launcher going away mid-run, fails the gang: every member is told at once
   (`done`), or, under restart-gang with a retryable code (128 and above) and budget left, every running member
   is told to stop and the next attempt starts when all have stopped and are connected (a fresh rendezvous).
@@ -89,6 +91,20 @@ class Record:
     told: int = 0  # the connection it was last told the outcome on
 
 
+def deciding_rank(gang: Gang) -> int:
+    """The member whose exit 0 ends the gang: the chief or master when the gang has one; else, for TensorFlow,
+    worker 0 (a parameter server serves until it is stopped, so it never decides); else rank 0."""
+    first = {}
+    for peer in gang.peers:
+        first.setdefault(peer.role, peer.rank)
+    for role in ("chief", "master"):
+        if role in first:
+            return first[role]
+    if gang.framework == "tensorflow" and "worker" in first:
+        return first["worker"]
+    return 0
+
+
 @dataclass
 class GangState:
     gang: Gang
@@ -103,10 +119,12 @@ class GangState:
     records: list[Record] = field(default_factory=list)
     outbox: list[tuple[int, dict]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
+    decider: int = field(init=False, default=0)  # deciding_rank(gang)
 
     def __post_init__(self) -> None:
         self.records = [Record() for _ in self.gang.peers]
         self.barrier_since = self.now
+        self.decider = deciding_rank(self.gang)
 
     # --- events ---------------------------------------------------------------------------------------------
     def adopt(self, outcome: Outcome, source: str) -> None:
@@ -226,11 +244,12 @@ class GangState:
             return
         peer = self.gang.peers[rank]
         if record.code == 0 and record.status == EXITED:
-            if rank == 0:
-                self._finish(Outcome(SUCCEEDED, 0, f"{peer} exited 0", 0, now_rfc3339(), self.attempt,
+            if rank == self.decider:
+                self._finish(Outcome(SUCCEEDED, 0, f"{peer} exited 0", rank, now_rfc3339(), self.attempt,
                                      self.restarts))
             else:
-                self.log.append(f"{peer} finished its part of attempt {self.attempt}; waiting for rank 0")
+                self.log.append(f"{peer} finished its part of attempt {self.attempt}; waiting for "
+                                f"{self.gang.peers[self.decider]}")
         else:
             code = EXIT_LOST if record.code is None else record.code
             how = "exited with" if record.status == EXITED else "stopped with"

@@ -143,6 +143,39 @@ def test_rank_0_exiting_0_ends_the_gang_after_workers_that_finished_their_part()
     assert s.delivered()
 
 
+def tensorflow_gang(shape: list[tuple[str, int]]) -> Gang:
+    peers, rank = [], 0
+    for role, count in shape:
+        for index in range(count):
+            peers.append(Peer(role, index, rank, f"tf-{role}-{index}.tf"))
+            rank += 1
+    return Gang(framework="tensorflow", job_name="tf", namespace="ns", role=shape[0][0], index=0, rank=0,
+                peers=tuple(peers), subdomain="tf", address=peers[0].address, port=2222, gang_wait="dns",
+                gang_wait_port=29499, wait_timeout=600.0)
+
+
+def test_without_a_chief_tensorflows_worker_0_decides_success_and_a_parameter_server_never_does():
+    """Kubeflow's TFJob rule: rank 0 here is the parameter server, which serves until it is stopped."""
+    s = GangState(tensorflow_gang([("ps", 1), ("worker", 2)]), Policy(), now=1000.0)
+    assemble(s)
+    report(s, 0, EXITED, 0)  # a parameter server that ends on its own decides nothing
+    assert s.outcome is None and "waiting for rank 1 (worker-0 at tf-worker-0.tf)" in s.log[-1]
+    report(s, 2, EXITED, 0)
+    assert s.outcome is None
+    report(s, 1, EXITED, 0)
+    assert s.outcome is not None and s.outcome.phase == SUCCEEDED and s.outcome.rank == 1
+    assert s.outcome.reason == "rank 1 (worker-0 at tf-worker-0.tf) exited 0"
+
+
+def test_a_tensorflow_chief_decides_success_when_there_is_one():
+    s = GangState(tensorflow_gang([("chief", 1), ("ps", 1), ("worker", 1)]), Policy(), now=1000.0)
+    assemble(s)
+    report(s, 2, EXITED, 0)
+    assert s.outcome is None
+    report(s, 0, EXITED, 0)
+    assert s.outcome is not None and s.outcome.rank == 0
+
+
 def test_a_failure_ends_the_gang_with_the_members_code_under_fail_gang():
     s = state(on_failure=FAIL_GANG)
     assemble(s)
