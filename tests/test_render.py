@@ -164,10 +164,14 @@ def test_an_mpi_gang_gets_its_launcher_and_workers_that_wait_for_it():
                              command=["mpirun", "python", "/train.py"]))
     validate_objects(objects)
     launcher, worker = by_kind(objects)["StatefulSet"]
-    assert launcher["spec"]["template"]["spec"]["containers"][0]["command"] == [
-        "trainhook-launch", "mpirun", "--", "mpirun", "python", "/train.py"]
-    assert worker["spec"]["template"]["spec"]["containers"][0]["command"] == ["trainhook-launch", "mpi-worker"]
+    # The manifests say what the user means; the webhook delivers the launcher and wraps the commands.
+    assert launcher["spec"]["template"]["spec"]["containers"][0]["command"] == ["mpirun", "python", "/train.py"]
+    assert "command" not in worker["spec"]["template"]["spec"]["containers"][0]
     assert worker["metadata"]["annotations"][keys.REPLICAS] == "launcher=1,worker=2"
+    pods = explain_text(to_yaml(objects)).pods
+    assert [p.pod["spec"]["containers"][0]["command"] for p in pods] == [
+        ["/trainhook/bin/trainhook-launch", "mpirun", "--", "mpirun", "python", "/train.py"],
+        ["/trainhook/bin/trainhook-launch", "mpi-worker"], ["/trainhook/bin/trainhook-launch", "mpi-worker"]]
 
 
 @pytest.mark.parametrize("overrides, fragment", [

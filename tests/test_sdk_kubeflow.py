@@ -112,13 +112,13 @@ def test_every_kubeflow_job_kind_is_a_framework(job_kind):
     assert {o["metadata"]["labels"][keys.FRAMEWORK] for o in objects[1:]} == {JOB_KINDS[job_kind]}
 
 
-def test_a_v1_resource_requirements_and_the_images_own_entrypoint():
+def test_a_v1_resource_requirements_and_the_images_own_entrypoint_given_as_command():
     resources = V1ResourceRequirements(limits={"gpu": "1", "memory": "2Gi"}, requests={"cpu": "500m"})
     objects = job_manifests("img", base_image="registry.example/trainer:2", num_workers=2,
-                            resources_per_worker=resources)
+                            resources_per_worker=resources, command=["python", "/app/train.py"])
     validate_objects(objects)
     container = objects[1]["spec"]["template"]["spec"]["containers"][0]
-    assert "command" not in container  # base_image alone: the image's entrypoint runs, as under Kubeflow
+    assert container["command"] == ["python", "/app/train.py"]
     assert container["resources"] == {"limits": {keys.GPU_RESOURCE: "1", "memory": "2Gi"},
                                       "requests": {"cpu": "500m"}}
 
@@ -170,6 +170,9 @@ def test_a_kubeflow_job_object_is_converted_as_trainhook_convert_does():
                                       "name"),
     (dict(func=None, job=None), "give func= (a function to run on every pod), command= (a container command), or "
                                 "base_image="),
+    (dict(func=None, base_image="registry.example/t:1"),
+     "base_image='registry.example/t:1' alone would run the image's ENTRYPOINT, which trainhook's webhook cannot "
+     "read at admission"),
 ])
 def test_kubeflow_parameters_without_a_meaning_here_are_refused_by_name(arguments, message):
     given = {"name": "g", "func": train_func, **arguments}

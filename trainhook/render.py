@@ -297,18 +297,17 @@ MPI_WORKER = ["trainhook-launch", "mpi-worker"]
 
 
 def mpi_launch(command: list[str]) -> list[str]:
-    """An MPI launcher's command under `trainhook-launch mpirun --`, which waits for the workers, writes the
-    hostfile and the rsh agent, then runs it (adding `mpirun` when CMD does not start with it)."""
+    """An MPI launcher's command under `trainhook-launch mpirun --` (convert's MPIJob launchers; the webhook
+    resolves `trainhook-launch` to the copy it delivers)."""
     return list(command) if command[:1] == ["trainhook-launch"] else MPI_LAUNCH + list(command)
 
 
 def role_command(options: RenderOptions, role: str) -> list[str]:
-    """The user's command; in an MPI gang the launcher runs it through `trainhook-launch mpirun` and the workers
-    only stay up for mpirun's daemons (contract section 6)."""
+    """The user's command as written: the webhook runs it under the launcher it delivers (`run --`; an MPI
+    launcher's under `mpirun --`, docs/delivery.md). An MPI gang's workers have no command of their own: the
+    webhook gives them `mpi-worker`, which keeps them up for mpirun's daemons."""
     if options.framework == keys.MPI and role == "worker":
-        return list(MPI_WORKER)
-    if options.framework == keys.MPI and role == "launcher" and options.command:
-        return mpi_launch(options.command)
+        return []
     return list(options.command)
 
 

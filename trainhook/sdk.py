@@ -65,7 +65,11 @@ def job_manifests(name: str, func: Callable | None = None, func_args: dict | Non
         raise ValueError("give func (a function to run on every pod) or command (a container command), not both")
     if func is None and command is None and base_image is None:
         raise ValueError("give func= (a function to run on every pod), command= (a container command), or "
-                         "base_image= (an image whose own entrypoint trains, as Kubeflow runs it)")
+                         "base_image= with command= (an image whose own entrypoint trains)")
+    if func is None and command is None:
+        raise ValueError(f"base_image={base_image!r} alone would run the image's ENTRYPOINT, which trainhook's "
+                         "webhook cannot read at admission to run it under its launcher (docs/delivery.md): give "
+                         "that entrypoint as command=, e.g. command=['python', '/app/train.py']")
     roles = replica_roles(framework, num_workers, num_chief_replicas, num_ps_replicas)
     if func is not None:
         command = function_command(func, func_args, framework, packages_to_install, pip_index_url)
