@@ -94,7 +94,9 @@ def test_a_refusal_is_the_webhooks_own_message_and_exit_1(tmp_path, capsys, webh
     assert answer["allowed"] is False
     assert captured.err == (f'Error from server (Forbidden): error when creating "{path}": admission webhook '
                             f'"workloads.trainhook.dev" denied the request: {answer["status"]["message"]}\n')
-    assert "trainhook: spec.serviceName=None: peers resolve each other through it" in captured.err
+    # both problems in one answer: the template's role is read as the workload's own would be
+    assert "trainhook: trainhook.dev/role='boss': not a pytorch role" in captured.err
+    assert "; spec.serviceName=None: peers resolve each other through it" in captured.err
 
 
 def test_a_pod_the_controller_could_not_create_is_named(tmp_path, capsys):

@@ -26,7 +26,22 @@ def stamped_pod(**annotations: str) -> dict:
     return pod_of_statefulset(sts, 0)
 
 
+def on_template(workload: dict, **labels: str) -> dict:
+    """`workload` with `labels` (`job_name` for trainhook.dev/job-name) written on its pod template only."""
+    workload["spec"]["template"]["metadata"]["labels"].update(
+        {f"trainhook.dev/{key.replace('_', '-')}": value for key, value in labels.items()})
+    return workload
+
+
 @pytest.mark.parametrize("kind,obj,expected", [
+    # The identity labels may be on the workload or its template; where both are, they must agree.
+    ("StatefulSet", on_template(statefulset("a-worker", 2, labels={"trainhook.dev/job-name": "a"}), job_name="b"),
+     ["trainhook.dev/job-name='a': the StatefulSet's label says 'a' but its pod template's says 'b'; "
+      "make the two agree, or write the label in one place only"]),
+    ("Job", on_template(indexed_job("j", 2), framework="tensorflow"),
+     ["trainhook.dev/framework='pytorch': the Job's label says 'pytorch' but its pod template's says 'tensorflow'"]),
+    ("StatefulSet", on_template(statefulset("x", 2), role="boss"),
+     ["trainhook.dev/role='boss': not a pytorch role; use one of master, worker"]),
     ("StatefulSet", statefulset("x", 2, labels={"trainhook.dev/framework": "tensorfow"}),
      ["trainhook.dev/framework='tensorfow': unknown framework; use one of pytorch, tensorflow"]),
     ("StatefulSet", statefulset("x", 2, labels={"trainhook.dev/role": "chief"}),

@@ -75,6 +75,37 @@ def test_indexed_job_and_bare_pods_are_valid_after_mutation(webhook):
     assert (bare["spec"]["hostname"], bare["spec"]["subdomain"]) == ("b-worker-0", "b")
 
 
+def test_a_multi_role_gang_labeled_on_its_templates_only_is_wired_end_to_end(webhook):
+    """A TensorFlow chief/ps/worker gang as many users write it: the framework alone on each StatefulSet, the
+    job name, role and shape on the pod templates. Each StatefulSet is admitted, and its pods get the whole
+    cluster in TF_CONFIG."""
+    shape, cluster = "chief=1,ps=1,worker=2", {"chief": 1, "ps": 1, "worker": 2}
+    svc, _ = admitted(webhook, service("tfjob"))
+    valid(svc)
+    rank = 0
+    for role, count in cluster.items():
+        sts = statefulset(f"tfjob-{role}", count, labels={"trainhook.dev/framework": "tensorflow"}, service="tfjob")
+        meta = sts["spec"]["template"]["metadata"]
+        meta["labels"].update({"trainhook.dev/job-name": "tfjob", "trainhook.dev/role": role})
+        meta["annotations"] = {"trainhook.dev/replicas": shape}
+        sts_out, response = admitted(webhook, sts)
+        assert response["allowed"] is True, response.get("status")
+        assert sts_out["spec"]["podManagementPolicy"] == "Parallel"
+        assert sts_out["spec"]["template"] == sts["spec"]["template"]  # it already says all its pods need
+        valid(sts_out)
+        for index in range(count):
+            pod, response = admitted(webhook, pod_of_statefulset(sts_out, index))
+            assert response["allowed"] is True, response.get("status")
+            valid(pod)
+            env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+            assert json.loads(env["TF_CONFIG"]) == {
+                "cluster": {r: [f"tfjob-{r}-{i}.tfjob:2222" for i in range(n)] for r, n in cluster.items()},
+                "task": {"type": role, "index": index}, "environment": "cloud"}
+            assert (env["TRAINHOOK_JOB_NAME"], env["TRAINHOOK_ROLE"], env["TRAINHOOK_RANK"]) == (
+                "tfjob", role, str(rank))
+            rank += 1
+
+
 def test_a_refusal_is_allowed_false_with_the_message(webhook):
     reply = webhook.post(review(statefulset("x", 2, service="")))
     response = reply.json()["response"]

@@ -196,3 +196,92 @@ def test_every_shape_problem_comes_in_one_answer():
     for fragment in ("chief or a master, not both", "at most one chief", "at most one master",
                      "at most one evaluator"):
         assert fragment in message
+
+
+# --- A multi-role gang labeled on its pod templates only -------------------------------------------------------
+# Many users write the job name and role only on the templates (templates are what select and make the pods), and
+# the framework alone on the workloads. Either place must work, as it does for annotations.
+TFJOB_GANG = "chief=1,ps=1,worker=2"
+TFJOB_CLUSTER = {"chief": ["tfjob-chief-0.tfjob:2222"], "ps": ["tfjob-ps-0.tfjob:2222"],
+                 "worker": ["tfjob-worker-0.tfjob:2222", "tfjob-worker-1.tfjob:2222"]}
+TFJOB_HOSTS = "chief=tfjob-chief,ps=tfjob-ps,worker=tfjob-worker"
+TFJOB_MEMBERS = [("chief", 1), ("ps", 1), ("worker", 2)]
+
+
+def on_template(workload: dict, role: str, job: str = "tfjob", replicas: str = TFJOB_GANG) -> dict:
+    """`workload` with the job name, role and shape written on its pod template only."""
+    meta = workload["spec"]["template"]["metadata"]
+    meta["labels"].update({"trainhook.dev/job-name": job, "trainhook.dev/role": role})
+    meta["annotations"] = {"trainhook.dev/replicas": replicas}
+    return workload
+
+
+def template_labeled_sts(role: str, count: int) -> dict:
+    return on_template(statefulset(f"tfjob-{role}", count, labels=TF, service="tfjob"), role)
+
+
+def template_labeled_job(role: str, count: int) -> dict:
+    return on_template(indexed_job(f"tfjob-{role}", count, labels=TF), role)
+
+
+def admitted(workload: dict, **spec: object) -> dict:
+    """The workload as the webhook returns it: the template already says everything its pods need, so only the
+    spec changes (a StatefulSet's pod management, a Job's subdomain)."""
+    workload = copy.deepcopy(workload)
+    workload["spec"].update(spec)
+    if workload["kind"] == "Job":
+        workload["spec"]["template"]["spec"]["subdomain"] = "tfjob"
+    return workload
+
+
+@pytest.mark.parametrize("role,count", TFJOB_MEMBERS)
+def test_a_template_labeled_statefulset_of_a_multi_role_gang_is_admitted(role, count):
+    given = template_labeled_sts(role, count)
+    before = copy.deepcopy(given)
+    result = mutate("StatefulSet", "CREATE", given, "team-a", SETTINGS).obj
+    assert result == admitted(given, podManagementPolicy="Parallel")
+    assert given == before
+    assert mutate("StatefulSet", "CREATE", result, "team-a", SETTINGS).obj == result
+    assert mutate("StatefulSet", "UPDATE", result, "team-a", SETTINGS).obj == result
+
+
+@pytest.mark.parametrize("role,count", TFJOB_MEMBERS)
+def test_a_template_labeled_indexed_job_of_a_multi_role_gang_is_admitted(role, count):
+    given = template_labeled_job(role, count)
+    result = mutate("Job", "CREATE", given, "team-a", SETTINGS).obj
+    assert result == admitted(given)
+    assert mutate("Job", "CREATE", result, "team-a", SETTINGS).obj == result
+
+
+# (role, count, index, rank) of every pod: ranks run through the roles in rank order, chief first.
+TFJOB_PODS = [("chief", 1, 0, 0), ("ps", 1, 0, 1), ("worker", 2, 0, 2), ("worker", 2, 1, 3)]
+
+
+@pytest.mark.parametrize("role,count,index,rank", TFJOB_PODS)
+def test_the_pods_of_a_template_labeled_statefulset_gang_get_the_whole_tf_config(role, count, index, rank):
+    sts = mutate("StatefulSet", "CREATE", template_labeled_sts(role, count), "team-a", SETTINGS).obj
+    pod = pod_of_statefulset(sts, index)
+    assert mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj == wired(
+        pod, {"TF_CONFIG": tf_config(TFJOB_CLUSTER, role, index)},
+        gang_env("tfjob", role, index, rank, TFJOB_GANG, TFJOB_HOSTS, "tfjob", f"tfjob-{role}-{index}.tfjob"))
+
+
+@pytest.mark.parametrize("role,count,index,rank", TFJOB_PODS)
+def test_the_pods_of_a_template_labeled_indexed_job_gang_get_the_whole_tf_config(role, count, index, rank):
+    job = mutate("Job", "CREATE", template_labeled_job(role, count), "team-a", SETTINGS).obj
+    pod = pod_of_job(job, index)
+    assert mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj == wired(
+        pod, {"TF_CONFIG": tf_config(TFJOB_CLUSTER, role, index)},
+        gang_env("tfjob", role, index, rank, TFJOB_GANG, TFJOB_HOSTS, "tfjob", f"tfjob-{role}-{index}.tfjob"),
+        hostname=f"tfjob-{role}-{index}", subdomain="tfjob")
+
+
+@pytest.mark.parametrize("kind,workload", [("StatefulSet", statefulset), ("Job", indexed_job)])
+def test_a_label_on_both_the_workload_and_its_template_must_agree(kind, workload):
+    obj = workload("tfjob-ps", 1, labels={**TF, "trainhook.dev/role": "ps"},
+                   **({"service": "tfjob"} if kind == "StatefulSet" else {}))
+    on_template(obj, "worker")
+    message = refusal(kind, obj)
+    assert (f"trainhook.dev/role='ps': the {kind}'s label says 'ps' but its pod template's says 'worker'; "
+            "make the two agree, or write the label in one place only") in message
+    assert "name it" not in message, "one refusal, for the conflict, not its consequences"

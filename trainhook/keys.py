@@ -13,9 +13,11 @@ PREFIX = "trainhook.dev/"
 # Label on the workload and its pod template (or a bare Pod): opts the object in. Read by the webhook, which
 # ignores every object without it; the chart's objectSelector matches the same key.
 FRAMEWORK = PREFIX + "framework"
-# Label: the gang's name. Defaulted (and stamped on the template) by the webhook to the workload's name.
+# Label, on a workload or its pod template (or both, agreeing): the gang's name. Defaulted (and stamped on the
+# template) by the webhook to the workload's name.
 JOB_NAME = PREFIX + "job-name"
-# Label: the replica role. Defaulted by the webhook to the framework's main role.
+# Label, on a workload or its pod template (or both, agreeing): the replica role. Defaulted (and stamped on the
+# template) by the webhook to the framework's main role.
 ROLE = PREFIX + "role"
 # Label on bare Pods: the pod's index within its role (StatefulSet/Job pods take their ordinal instead).
 INDEX = PREFIX + "index"

@@ -19,9 +19,43 @@ STS_DEFAULT_POLICY = "OrderedReady"
 JOB_DEFAULT_MODE = "NonIndexed"
 
 
+# The labels that place a workload in its gang (contract section 2).
+IDENTITY_LABELS = (keys.FRAMEWORK, keys.JOB_NAME, keys.ROLE)
+
+
+def template_labels(obj: dict) -> dict:
+    """The labels on the workload's pod template ({} when it has none, or a malformed template)."""
+    template = (obj.get("spec") or {}).get("template") or {}
+    meta = template.get("metadata") if isinstance(template, dict) else None
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    return labels if isinstance(labels, dict) else {}
+
+
+def identity_labels(obj: dict, problems: Problems) -> dict[str, str]:
+    """The framework, job name and role labels the user wrote, on the workload's metadata or its pod template.
+
+    Either place works, as for annotations: templates are what select pods, so many users label only those, and
+    a multi-role gang read from the workload alone would take every member for a `worker` named after its own
+    workload. Where both places say something, they must say the same: a pod sees only its template's labels,
+    `trainhook status` finds workloads by their own, and the webhook cannot tell which one the user meant.
+    """
+    kind = obj.get("kind") or "workload"
+    own = obj.get("metadata", {}).get("labels") or {}
+    template = template_labels(obj)
+    found = {}
+    for key in IDENTITY_LABELS:
+        mine, theirs = own.get(key), template.get(key)
+        if mine is not None and theirs is not None and mine != theirs:
+            problems.add(key, mine, f"the {kind}'s label says {mine!r} but its pod template's says {theirs!r}",
+                         "make the two agree, or write the label in one place only")
+        if mine is not None or theirs is not None:
+            found[key] = mine if mine is not None else theirs
+    return found
+
+
 def gang_identity(obj: dict, problems: Problems) -> tuple[str, str, str]:
-    """(framework, job name, role) of a workload, defaults applied."""
-    labels = obj.get("metadata", {}).get("labels") or {}
+    """(framework, job name, role) of a workload, from its metadata or its pod template, defaults applied."""
+    labels = identity_labels(obj, problems)
     framework = labels.get(keys.FRAMEWORK, "")
     if framework not in keys.ROLES:
         problems.add(keys.FRAMEWORK, framework, "unknown framework", f"use one of {', '.join(keys.ROLES)}")
@@ -58,14 +92,18 @@ def workload_shape(obj: dict, framework: str, role: str, replicas: int, field: s
 
 def stamp_template(obj: dict, framework: str, job_name: str, role: str, shape: Shape,
                    problems: Problems, warnings: list[str]) -> None:
-    """Labels and annotations every pod of the workload needs at its own admission."""
+    """Labels and annotations every pod of the workload needs at its own admission.
+
+    The identity labels go on the template, defaults included, since a pod sees nothing else; `gang_identity`
+    has refused any disagreement with the template's own. They are not copied onto the workload: on the next
+    admission a label the webhook stamped on the template looks like one the user wrote there, so copying
+    back would stamp defaults on every workload, and pods never read the workload's labels.
+    """
     meta = obj["spec"].setdefault("template", {}).setdefault("metadata", {})
     labels = meta.setdefault("labels", {})
     for key, value in ((keys.FRAMEWORK, framework), (keys.JOB_NAME, job_name), (keys.ROLE, role)):
-        if labels.get(key, value) != value:
-            problems.add(f"spec.template.metadata.labels[{key}]", labels[key], f"differs from the workload's {value}",
-                         "drop it from the template or make it match")
-        labels.setdefault(key, value)
+        if not labels.get(key):  # an empty job name is unset: the pods take the workload's name, as it did
+            labels[key] = value
     annotations = meta.setdefault("annotations", {})
     for key, value in (obj["metadata"].get("annotations") or {}).items():
         if key in keys.USER_ANNOTATIONS:
