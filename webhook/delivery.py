@@ -113,42 +113,43 @@ def user_volume_clash(spec: dict, problems: Problems) -> bool:
 def resolve_other_containers(spec: dict, training: dict) -> None:
     """Init containers and sidecars that call trainhook-launch themselves get the delivered copy too (after the
     copy: the injected init container runs first). Each one changed is a new dict; the others stay shared."""
-
-    def needs(c: dict) -> bool:
-        return (c is not training and c.get("name") != keys.GANG_WAIT_CONTAINER and runs_launcher(c.get("command"))
-                and c["command"][0] != keys.LAUNCHER_COMMAND)
-
     for field in ("initContainers", "containers"):
-        current = spec.get(field) or []
-        if not any(needs(c) for c in current):
+        current = spec.get(field)
+        if not current:
             continue
-        updated = []
-        for c in current:
-            if needs(c):
-                c = dict(c)
-                c["command"] = [keys.LAUNCHER_COMMAND, *c["command"][1:]]
+        updated = None
+        for i, c in enumerate(current):
+            command = c.get("command") if c is not training else None
+            if (command and runs_launcher(command) and command[0] != keys.LAUNCHER_COMMAND
+                    and c.get("name") != keys.GANG_WAIT_CONTAINER):
+                updated = updated or list(current)
+                c = updated[i] = dict(c)
+                c["command"] = [keys.LAUNCHER_COMMAND, *command[1:]]
                 mount_launcher(c)
-            updated.append(c)
-        spec[field] = updated
+        if updated is not None:
+            spec[field] = updated
 
 
 def deliver_launcher(spec: dict, container: dict, member: Member, annotations: dict, problems: Problems) -> bool:
     """Wrap the training container's command in the delivered launcher and give the pod the launcher volume.
     Returns whether the launcher is delivered (the init container must then install it). Idempotent."""
-    if launcher_mode(annotations, problems) == keys.LAUNCHER_NONE:
+    # Every pod of every gang comes through here: the checks that rarely apply are guarded by what they need.
+    if keys.LAUNCHER in annotations and launcher_mode(annotations, problems) == keys.LAUNCHER_NONE:
         return False
-    if user_volume_clash(spec, problems):
+    if "volumes" in spec and user_volume_clash(spec, problems):
         return False
-    mpi_worker = member.framework == keys.MPI and launcher_words(member)[0] == "mpi-worker"
     command = container.get("command") or None
-    if command is None and not (mpi_worker and keys.ENTRYPOINT not in annotations):
-        command = entrypoint(container, annotations, problems)
-        if command is None:
-            return False
+    if command is None:
+        mpi_worker = member.framework == keys.MPI and launcher_words(member)[0] == "mpi-worker"
+        if not mpi_worker or keys.ENTRYPOINT in annotations:
+            command = entrypoint(container, annotations, problems)
+            if command is None:
+                return False
     new_command = wrapped(command, member)
     if container.get("command") != new_command:
         container["command"] = new_command
     mount_launcher(container)
     add_volume(spec)
-    resolve_other_containers(spec, container)
+    if "initContainers" in spec or len(spec["containers"]) > 1:
+        resolve_other_containers(spec, container)
     return True

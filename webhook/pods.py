@@ -196,11 +196,13 @@ def set_tolerations(spec: dict, gpus: int, settings: Settings) -> None:
         spec["tolerations"] = tolerations
 
 
-# Pod Security "restricted" for what we inject: non-root, no escalation, no capabilities, the runtime's seccomp
-# profile; it writes only to the launcher volume, so its root filesystem can be read-only.
-RESTRICTED = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
-              "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
-              "seccompProfile": {"type": "RuntimeDefault"}}
+def restricted_context() -> dict:
+    """Pod Security "restricted" for what we inject: non-root, no escalation, no capabilities, the runtime's
+    seccomp profile; it writes only to the launcher volume, so its root filesystem can be read-only. (A literal
+    per pod: it goes into every pod's patch, and building it is cheaper than copying a shared one.)"""
+    return {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
+            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver: bool) -> dict:
@@ -213,7 +215,7 @@ def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver
         "command": [keys.LAUNCHER_PROGRAM, "wait"] + (["--install", keys.LAUNCHER_DIR] if deliver else []),
         "env": [{"name": n, "value": v} for n, v in gang],
         "resources": json_copy(settings.init_resources),
-        "securityContext": json_copy(RESTRICTED),
+        "securityContext": restricted_context(),
     }
     if deliver:
         container["volumeMounts"] = [{"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR}]
