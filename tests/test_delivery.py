@@ -79,6 +79,26 @@ def test_a_container_without_command_is_refused_naming_the_key_and_the_fixes():
     assert "trainhook.dev/launcher: none" in problem
 
 
+def test_a_workload_whose_pods_would_be_refused_is_refused_at_apply():
+    c = {k: v for k, v in container().items() if k != "command"}
+    with pytest.raises(Denied) as denied:
+        mutate("StatefulSet", "CREATE", statefulset("ddp", 2, containers=[c]), "team-a", SETTINGS)
+    assert denied.value.problems[0].startswith("spec.containers[trainer].command=None: the training command cannot "
+                                               "be wrapped")
+    annotated = statefulset("ddp", 2, annotations={"trainhook.dev/entrypoint": '["python", "t.py"]'}, containers=[c])
+    assert mutate("StatefulSet", "CREATE", annotated, "team-a", SETTINGS).obj
+
+
+def test_an_mpi_launchers_workers_need_no_command():
+    workers = statefulset("pi-worker", 2, labels={"trainhook.dev/framework": "mpi", "trainhook.dev/job-name": "pi",
+                                                  "trainhook.dev/role": "worker"},
+                          annotations={"trainhook.dev/replicas": "launcher=1,worker=2"}, service="pi",
+                          containers=[{"name": "mpi", "image": "mpi:1"}])
+    sts = mutate("StatefulSet", "CREATE", workers, "team-a", SETTINGS).obj
+    out = mutate("Pod", "CREATE", pod_of_statefulset(sts, 1), "team-a", SETTINGS).obj
+    assert trainer(out)["command"] == [LAUNCHER, "mpi-worker"]
+
+
 def test_the_entrypoint_annotation_stands_in_for_a_missing_command():
     given = pod({"trainhook.dev/entrypoint": '["python", "/app/train.py"]'}, command=None, args=["--lr", "0.1"])
     out = mutate("Pod", "CREATE", given, "team-a", SETTINGS).obj

@@ -22,7 +22,7 @@ import posixpath
 
 from trainhook import keys
 from trainhook.webhook.frameworks.mpi import LAUNCHER, WORKER
-from trainhook.webhook.gang import Member, Problems
+from trainhook.webhook.gang import Member, Problems, Shape
 
 MOUNT = {"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR, "readOnly": True}
 WRAP_EXAMPLE = '["python", "train.py"]'
@@ -68,20 +68,41 @@ def entrypoint(container: dict, annotations: dict, problems: Problems) -> list[s
     return value
 
 
-def launcher_words(member: Member) -> list[str]:
-    """The subcommand that wraps this member's training: run, or MPI's launcher/worker commands."""
-    if member.framework != keys.MPI:
+def launcher_words(framework: str, role: str, shape: Shape) -> list[str]:
+    """The subcommand that wraps a member's training: run, or MPI's launcher/worker commands."""
+    if framework != keys.MPI:
         return ["run", "--"]
-    if member.role == WORKER and member.shape.count(LAUNCHER) > 0:
+    if role == WORKER and shape.count(LAUNCHER) > 0:
         return ["mpi-worker", "--"]
     return ["mpirun", "--"]
+
+
+def needs_no_command(framework: str, role: str, shape: Shape) -> bool:
+    """An MPI launcher's workers have nothing of their own to run (they host mpirun's daemons)."""
+    return launcher_words(framework, role, shape)[0] == "mpi-worker"
+
+
+def check_template(template: dict, framework: str, role: str, shape: Shape, problems: Problems) -> None:
+    """At `kubectl apply` of a StatefulSet or Job: what its pods would be refused for (no command to wrap, a bad
+    launcher mode or entrypoint), so it is said once, before the controller's FailedCreate events."""
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    if keys.LAUNCHER in annotations and launcher_mode(annotations, problems) == keys.LAUNCHER_NONE:
+        return
+    containers = (template.get("spec") or {}).get("containers") or []
+    wanted = annotations.get(keys.CONTAINER)
+    container = next((c for c in containers if c.get("name") == wanted), None) if wanted else \
+        (containers[0] if containers else None)
+    if container is None or container.get("command"):
+        return  # a missing container is the pod's refusal to name
+    if not needs_no_command(framework, role, shape) or keys.ENTRYPOINT in annotations:
+        entrypoint(container, annotations, problems)
 
 
 def wrapped(command: list[str] | None, member: Member) -> list[str]:
     """The training container's new command: the delivered launcher, its subcommand, then the command."""
     if command is not None and runs_launcher(command):
         return [keys.LAUNCHER_COMMAND, *command[1:]]
-    words = launcher_words(member)
+    words = launcher_words(member.framework, member.role, member.shape)
     if not command:  # an MPI worker with nothing of its own to run
         return [keys.LAUNCHER_COMMAND, words[0]]
     return [keys.LAUNCHER_COMMAND, *words, *command]
@@ -140,8 +161,7 @@ def deliver_launcher(spec: dict, container: dict, member: Member, annotations: d
         return False
     command = container.get("command") or None
     if command is None:
-        mpi_worker = member.framework == keys.MPI and launcher_words(member)[0] == "mpi-worker"
-        if not mpi_worker or keys.ENTRYPOINT in annotations:
+        if not needs_no_command(member.framework, member.role, member.shape) or keys.ENTRYPOINT in annotations:
             command = entrypoint(container, annotations, problems)
             if command is None:
                 return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 from trainhook import keys
+from trainhook.webhook.delivery import check_template
 from trainhook.webhook.frameworks import check_shape
 from trainhook.webhook.gang import Problems, Shape, check_gang_size, parse_shape
 from trainhook.webhook.lifecycle import check_lifecycle_options
@@ -110,6 +111,7 @@ def stamp_template(obj: dict, framework: str, job_name: str, role: str, shape: S
             annotations.setdefault(key, value)
     annotations[keys.REPLICAS] = str(shape)
     check_lifecycle_options(annotations, problems)
+    check_template(obj["spec"]["template"], framework, role, shape, problems)
     set_priority_class(obj["spec"]["template"].setdefault("spec", {}), annotations.get(keys.PRIORITY_CLASS, ""),
                        warnings)
 
