@@ -112,6 +112,42 @@ def test_submit_status_list_logs_delete_a_gang(control_plane, k8s_namespace, mut
     assert cli(capsys, "status", "mnist", *kube)[1].strip() == f"gang mnist not found in namespace {k8s_namespace}"
 
 
+def template_labeled_tf_gang() -> list[dict]:
+    """A TensorFlow chief/ps/worker gang whose job-name and role labels are on the pod templates only."""
+    docs = [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tfjob", "labels": {keys.JOB_NAME: "tfjob"}},
+             "spec": {"selector": {keys.JOB_NAME: "tfjob"}, "ports": [{"port": 2222}]}}]
+    for role, count in (("chief", 1), ("ps", 1), ("worker", 2)):
+        labels = {"app": f"tfjob-{role}", keys.FRAMEWORK: "tensorflow", keys.JOB_NAME: "tfjob", keys.ROLE: role}
+        docs.append({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                     "metadata": {"name": f"tfjob-{role}", "labels": {keys.FRAMEWORK: "tensorflow"}},
+                     "spec": {"replicas": count, "serviceName": "tfjob",
+                              "selector": {"matchLabels": {"app": f"tfjob-{role}"}},
+                              "template": {"metadata": {"labels": labels,
+                                                        "annotations": {keys.REPLICAS: "chief=1,ps=1,worker=2"}},
+                                           "spec": {"containers": [{"name": "tf", "image": "tf:1",
+                                                                    "command": ["python", "/t.py"]}]}}}})
+    return docs
+
+
+def test_a_gang_labeled_on_its_templates_only_is_one_gang_to_list_status_and_delete(
+        control_plane, k8s_namespace, mutating_webhook, capsys, tmp_path):  # noqa: F811
+    kube = ["--kubeconfig", str(control_plane.kubeconfig), "-n", k8s_namespace]
+    manifest = tmp_path / "tfjob.yaml"
+    manifest.write_text(yaml.safe_dump_all(template_labeled_tf_gang()))
+    code, out, err = cli(capsys, "submit", "-f", str(manifest), *kube)
+    assert code == 0, err
+    code, out, _ = cli(capsys, "list", *kube)
+    assert [line.split()[:3] for line in out.splitlines()[1:]] == [["tfjob", "tensorflow", "chief=1,ps=1,worker=2"]]
+    wait_for(lambda: len([line for line in cli(capsys, "status", "tfjob", *kube)[1].splitlines()
+                          if line.startswith("tfjob-")]) == 4, what="four pods")
+    code, out, _ = cli(capsys, "status", "tfjob", *kube)
+    assert "workloads: statefulset/tfjob-chief, statefulset/tfjob-ps, statefulset/tfjob-worker" in out
+    code, out, err = cli(capsys, "delete", "tfjob", *kube)
+    assert code == 0, err
+    assert out.splitlines() == ["statefulset/tfjob-chief deleted", "statefulset/tfjob-ps deleted",
+                                "statefulset/tfjob-worker deleted", "service/tfjob deleted"]
+
+
 def test_submit_wait_shows_progress_and_times_out(control_plane, k8s_namespace, mutating_webhook, capsys,  # noqa: F811
                                                   monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))  # the kubeconfig found the way kubectl does

@@ -88,6 +88,16 @@ def default_namespace(kubeconfig: str | None = None, context: str | None = None)
     return ((chosen or {}).get("context") or {}).get("namespace") or "default"
 
 
+def workload_job_name(obj: dict) -> str:
+    """A workload's gang name: its job-name label, written on the workload or on its pod template (either place
+    works, as in admission), else the workload's own name."""
+    for meta in (obj.get("metadata") or {}, ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}):
+        name = (meta.get("labels") or {}).get(keys.JOB_NAME)
+        if name:
+            return name
+    return (obj.get("metadata") or {}).get("name", "")
+
+
 def snake(kind: str) -> str:
     """ConfigMap -> config_map: how the typed core API names its calls."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
@@ -203,20 +213,22 @@ class Cluster:
                 raise api_error(e, f"{obj['kind'].lower()}/{meta['name']}") from e
 
     # --- gangs --------------------------------------------------------------------------------------------
+    def workloads(self) -> list[dict]:
+        """The namespace's labeled StatefulSets and Jobs (the framework label is on the workload itself)."""
+        return (self.list_objects("apps/v1", "StatefulSet", keys.FRAMEWORK)
+                + self.list_objects("batch/v1", "Job", keys.FRAMEWORK))
+
     def gang(self, name: str) -> GangObjects:
-        selector = f"{keys.JOB_NAME}={name}"
-        workloads = self.list_objects("apps/v1", "StatefulSet", selector) + \
-            self.list_objects("batch/v1", "Job", selector)
-        return GangObjects(workloads, self.list_objects("v1", "Pod", selector))
+        workloads = [w for w in self.workloads() if workload_job_name(w) == name]
+        return GangObjects(workloads, self.list_objects("v1", "Pod", f"{keys.JOB_NAME}={name}"))
 
     def gangs(self) -> dict[str, GangObjects]:
-        """Every gang of the namespace, by name (from the workloads' and pods' job-name labels)."""
+        """Every gang of the namespace, by name (the workloads' job name, the pods' job-name label)."""
         found: dict[str, GangObjects] = {}
-        for api_version, kind in (("apps/v1", "StatefulSet"), ("batch/v1", "Job"), ("v1", "Pod")):
-            for obj in self.list_objects(api_version, kind, keys.JOB_NAME):
-                name = obj["metadata"]["labels"][keys.JOB_NAME]
-                gang = found.setdefault(name, GangObjects())
-                (gang.pods if kind == "Pod" else gang.workloads).append(obj)
+        for workload in self.workloads():
+            found.setdefault(workload_job_name(workload), GangObjects()).workloads.append(workload)
+        for pod in self.list_objects("v1", "Pod", keys.JOB_NAME):
+            found.setdefault(pod["metadata"]["labels"][keys.JOB_NAME], GangObjects()).pods.append(pod)
         return dict(sorted(found.items()))
 
     def delete_gang(self, name: str) -> list[str]:
@@ -224,7 +236,12 @@ class Cluster:
         deleted = []
         selector = f"{keys.JOB_NAME}={name}"
         for api_version, kind in GANG_KINDS:
-            for obj in self.list_objects(api_version, kind, selector):
+            if kind in ("StatefulSet", "Job"):
+                found = [w for w in self.list_objects(api_version, kind, keys.FRAMEWORK)
+                         if workload_job_name(w) == name]
+            else:
+                found = self.list_objects(api_version, kind, selector)
+            for obj in found:
                 if kind == "Pod" and obj["metadata"].get("ownerReferences"):
                     continue  # its workload's deletion takes it
                 self.delete(obj)

@@ -79,11 +79,12 @@ def manifest_objects(text: str, path: str, namespace: str | None) -> list[dict]:
 
 
 def gang_names(objects: list[dict]) -> list[str]:
+    from trainhook.cluster_client import workload_job_name
     names = []
     for obj in objects:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if obj.get("kind") in ("StatefulSet", "Job", "Pod") and keys.FRAMEWORK in labels:
-            name = labels.get(keys.JOB_NAME) or obj["metadata"].get("name")
+            name = workload_job_name(obj)
             if name not in names:
                 names.append(name)
     return names
