@@ -149,9 +149,9 @@ def _write_kubeconfig(path: Path, config: dict) -> Path:
 
 # ---- processes --------------------------------------------------------------------------------------
 
-def free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return s.getsockname()[1]
 
 
@@ -317,12 +317,18 @@ def _https_get(url: str, ctx: ssl.SSLContext, timeout: float = 2.0) -> tuple[int
 
 def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: float = 90.0,
           wait_for_controllers: bool = True, die_with_parent: bool = True, verbosity: int = 1,
-          bins: Path | None = None) -> ControlPlane:
+          bins: Path | None = None, address: str = "127.0.0.1", ca: KeyPair | None = None,
+          extra_apiserver_args: list[str] = ()) -> ControlPlane:
     """Start etcd, kube-apiserver, kube-controller-manager (and kube-scheduler) and wait until the API
     answers /readyz and the controllers have given the `default` ServiceAccount its token.
 
     `state_dir` holds certificates, kubeconfigs, etcd's data and the logs (a fresh temp dir when None).
-    On any failure every process started so far is stopped before the ClusterError is raised."""
+    On any failure every process started so far is stopped before the ClusterError is raised.
+
+    For a node (hack/node.py): `address` binds and advertises the API server on an address pods reach (its
+    serving certificate names it, and the `kubernetes` Service's endpoint is kept there by the lease
+    reconciler); `ca` is the cluster's CA when the caller signs its own components' certificates with it;
+    `extra_apiserver_args` are appended (the kubelet client certificate, say)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -332,9 +338,10 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
     state_dir.mkdir(parents=True, exist_ok=True)
     pki = state_dir / "pki"
     now = dt.datetime.now(dt.timezone.utc)
+    loopback = address == "127.0.0.1"
 
-    ca = build_ca("trainhook-k8s-ca", now)
-    serving = build_serving_pair(ca, APISERVER_SANS, now, days=30)
+    ca = ca or build_ca("trainhook-k8s-ca", now)
+    serving = build_serving_pair(ca, APISERVER_SANS + ([] if loopback else [address]), now, days=30)
     admin = build_client_pair(ca, "trainhook-admin", ["system:masters"], now)
     kcm = build_client_pair(ca, "system:kube-controller-manager", [], now)
     sched = build_client_pair(ca, "system:kube-scheduler", [], now)
@@ -350,8 +357,8 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
     _write(pki / "sa.pub", sa_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                             serialization.PublicFormat.SubjectPublicKeyInfo))
 
-    ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": free_port()}
-    host = f"https://127.0.0.1:{ports['apiserver']}"
+    ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": free_port(address)}
+    host = f"https://{address}:{ports['apiserver']}"
     kubeconfig = _write_kubeconfig(state_dir / "kubeconfig",
                                    kubeconfig_dict(host, ca.cert_pem, "trainhook-admin", admin.cert_pem, admin.key_pem))
     kcm_kubeconfig = _write_kubeconfig(state_dir / "kube-controller-manager.kubeconfig",
@@ -375,7 +382,7 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
         "kube-apiserver": [
             str(bins / "kube-apiserver"),
             "--etcd-servers", etcd_url, "--etcd-prefix", "/registry",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--bind-address", address, "--advertise-address", address,
             "--secure-port", str(ports["apiserver"]), "--insecure-port", "0",
             "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
             "--client-ca-file", str(ca_file),
@@ -390,10 +397,11 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
             "--cert-dir", str(state_dir / "apiserver-certs"),
             "--profiling=false", "--enable-priority-and-fairness=false",
             "--event-ttl", "10m",
-            # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints refuse (loopback);
-            # nothing in the tests reaches the API through that Service.
-            "--endpoint-reconciler-type", "none",
+            # On loopback the `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints refuse, and
+            # no pod runs to use it; on a node's address pods reach the API through that Service.
+            "--endpoint-reconciler-type", "none" if loopback else "lease",
             "--v", str(verbosity),
+            *extra_apiserver_args,
         ],
         "kube-controller-manager": [
             str(bins / "kube-controller-manager"),

