@@ -71,10 +71,21 @@ def rendered() -> dict[str, list[dict]]:
 
 
 def kubernetes_versions() -> list[str]:
-    """Every minor version kubernetes-validate has schemas for, from 1.29 on."""
+    """Every minor version kubernetes-validate has schemas for, from 1.25 on (1.20, which it has no schemas for,
+    is tested on a real node: tests/e2e)."""
     known = {tuple(int(part) for part in version.split(".")[:2])
              for version in kubernetes_validate.utils.all_versions()}  # listed twice: plain and strict schemas
-    return [f"{major}.{minor}" for major, minor in sorted(known) if (major, minor) >= (1, 29)]
+    return [f"{major}.{minor}" for major, minor in sorted(known) if (major, minor) >= (1, 25)]
+
+
+# Below this version the chart renders differently (templates/pdb.yaml): manifests for older versions are rendered
+# for them; from it on, the default render (Helm's own, newer, Kubernetes version) is what each version gets.
+RENDERS_DIFFER_BEFORE = (1, 27)
+
+
+@functools.cache
+def rendered_for(version: str) -> dict[str, list[dict]]:
+    return {name: render_chart(values, NAMESPACE, kube_version=f"{version}.0") for name, values in VALUE_SETS.items()}
 
 
 def webhook_container(manifests: list[dict]) -> dict:
@@ -118,12 +129,12 @@ def test_helm_lint_strict_passes(extra):
 
 # --- Every manifest is valid Kubernetes --------------------------------------------------------------------------
 
-def test_the_validated_versions_run_from_1_29_to_the_newest_kubernetes_validate_knows():
+def test_the_validated_versions_run_from_1_25_to_the_newest_kubernetes_validate_knows():
     versions = kubernetes_versions()
-    assert versions[0] == "1.29"
+    assert versions[0] == "1.25"
     assert versions[-1] == ".".join(kubernetes_validate.latest_version().split(".")[:2])
     minors = [int(v.split(".")[1]) for v in versions]
-    assert minors == list(range(29, minors[-1] + 1)), versions
+    assert minors == list(range(25, minors[-1] + 1)), versions
 
 
 @pytest.mark.parametrize("version", kubernetes_versions())
@@ -132,7 +143,8 @@ def test_every_rendered_manifest_is_valid_under_strict_schemas(rendered, version
     monkeypatch.setattr(kubernetes_validate.utils, "schema_contents",
                         functools.cache(kubernetes_validate.utils.schema_contents))
     checked: set[str] = set()
-    for name, manifests in rendered.items():
+    older = tuple(int(part) for part in version.split(".")) < RENDERS_DIFFER_BEFORE
+    for name, manifests in (rendered_for(version) if older else rendered).items():
         for manifest in manifests:
             if manifest["kind"] in CERT_MANAGER_KINDS:
                 continue  # not Kubernetes' own: checked against cert-manager's schema below
@@ -172,10 +184,41 @@ def test_no_other_mode_renders_cert_manager_objects(rendered):
         assert not [m for m in rendered[name] if m["apiVersion"].startswith("cert-manager.io/")], name
 
 
-def test_kubernetes_before_1_29_is_refused():
+@pytest.mark.parametrize("version", ["1.19.16", "1.21.0", "1.24.17"])
+def test_kubernetes_versions_nothing_tests_are_refused(version):
     with pytest.raises(HelmError, match="kubeVersion"):
-        render_chart({}, NAMESPACE, kube_version="1.28.9")
-    assert render_chart({}, NAMESPACE, kube_version="1.29.0")
+        render_chart({}, NAMESPACE, kube_version=version)
+
+
+@pytest.mark.parametrize("version", ["1.20.0", "1.20.15", "1.25.0", "1.37.0"])
+def test_the_tested_kubernetes_versions_are_accepted(version):
+    assert render_chart({}, NAMESPACE, kube_version=version)
+
+
+def budget(extra: list[str]) -> dict:
+    out = run_helm("template", "trainhook", str(CHART), "--namespace", NAMESPACE, "--show-only",
+                   "templates/pdb.yaml", *extra)
+    return yaml.safe_load(out)
+
+
+@pytest.mark.parametrize("extra, api_version, eviction_policy", [
+    # What `helm install` sees: the cluster's own list of kinds (1.20 serves policy/v1beta1 only).
+    pytest.param(["--kube-version", "1.20.2", "--api-versions", "policy/v1beta1/PodDisruptionBudget"],
+                 "policy/v1beta1", False, id="1.20-cluster"),
+    pytest.param(["--kube-version", "1.29.0", "--api-versions", "policy/v1/PodDisruptionBudget"],
+                 "policy/v1", True, id="1.29-cluster"),
+    # Without a cluster (helm template): by version.
+    pytest.param(["--kube-version", "1.20.2"], "policy/v1beta1", False, id="1.20-template"),
+    pytest.param(["--kube-version", "1.25.0"], "policy/v1", False, id="1.25-template"),
+    pytest.param([], "policy/v1", True, id="default-template"),
+])
+def test_the_disruption_budget_uses_the_api_the_cluster_serves(extra, api_version, eviction_policy):
+    pdb = budget(extra)
+    assert pdb["apiVersion"] == api_version
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"]
+    # unhealthyPodEvictionPolicy exists (on by default) from 1.27; older API servers would refuse or drop it.
+    assert ("unhealthyPodEvictionPolicy" in pdb["spec"]) == eviction_policy
 
 
 # --- The webhook registration ------------------------------------------------------------------------------------

@@ -155,3 +155,21 @@ clientConfig:
   caBundle: {{ include "trainhook.caBundle" . }}
   {{- end }}
 {{- end }}
+
+{{/*
+The PodDisruptionBudget's API version: the one the cluster serves. policy/v1 when the cluster lists
+policy/v1/PodDisruptionBudget (helm install and upgrade ask the cluster: 1.21 and later), policy/v1beta1 when it
+lists only that (1.20). Without a cluster (helm template, lint), where no kind is listed, by Kubernetes version:
+policy/v1 from 1.21 (--kube-version picks it).
+*/}}
+{{- define "trainhook.pdbApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget" -}}
+policy/v1
+{{- else if .Capabilities.APIVersions.Has "policy/v1beta1/PodDisruptionBudget" -}}
+policy/v1beta1
+{{- else if semverCompare ">=1.21.0-0" .Capabilities.KubeVersion.Version -}}
+policy/v1
+{{- else -}}
+policy/v1beta1
+{{- end -}}
+{{- end }}
