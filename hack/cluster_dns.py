@@ -212,7 +212,7 @@ class Watcher:
 
 
 def make_resolver(records: Records, log: logging.Logger):
-    from dnslib import AAAA, CNAME, PTR, QTYPE, RR as DnsRR, SOA, SRV, TXT, A  # noqa: F401
+    from dnslib import CNAME, PTR, QTYPE, RR as DnsRR, SOA, SRV, TXT, A
     from dnslib.server import BaseResolver
 
     rdata = {"A": lambda d: A(d[0]), "SRV": lambda d: SRV(d[0], d[1], d[2], d[3] + "."),

@@ -1,0 +1,83 @@
+"""End-to-end tests on a real node (hack/node.py): kubelet, containerd, the pod network, cluster DNS, and the chart
+installed by Helm with images built from this repository (hack/images.py). See docs/control-plane.md.
+
+Session fixtures, in the order they come up:
+- `node`: the node, started for this session (about 30 s with images cached; the first run also builds the
+  binaries and images, minutes) unless one is already up (`make node-up`), which is then used and left running.
+- `release`: `helm upgrade --install` of charts/trainhook, with the local images' values and pull policy and nothing
+  else, waited on until the webhook's Deployment is available and its caBundle injected.
+
+Root is required (bridge, iptables, mounts): elsewhere the tests are skipped, saying so. TRAINHOOK_E2E=0 skips
+them on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import RELEASE, RELEASE_NAMESPACE, REPO, Cluster, helm, image_values, node_mod, wait_for
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: needs the real node (hack/node.py: root, containerd, kubelet)")
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def node():
+    if os.environ.get("TRAINHOOK_E2E") == "0":
+        pytest.skip("TRAINHOOK_E2E=0")
+    if os.geteuid() != 0:
+        pytest.skip("the node needs root (bridge, iptables, cgroups, mounts)")
+    state_dir = node_mod.default_state_dir()
+    started, t0 = None, time.monotonic()
+    try:
+        running, started = node_mod.ensure_up(state_dir)
+    except node_mod.cluster.ClusterError as e:
+        pytest.fail(f"the node did not come up: {e}")
+    print(f"\nnode: {'started' if started else 'already up'} in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    try:
+        yield Cluster(running)
+    finally:
+        if started:
+            node_mod.ensure_down(state_dir)
+
+
+@pytest.fixture(scope="session")
+def release(node):
+    """The chart, installed unmodified; yields the seconds `helm upgrade --install --wait` took."""
+    t0 = time.monotonic()
+    helm(node, "upgrade", "--install", RELEASE, str(REPO / "charts" / "trainhook"), "--namespace", RELEASE_NAMESPACE,
+          "--create-namespace", "--wait", "--timeout", "240s", *image_values(node.images))
+    took = time.monotonic() - t0
+
+    def injected():
+        config = json.loads(node.kubectl("get", "mutatingwebhookconfiguration", RELEASE, "-o", "json"))
+        return all(w["clientConfig"].get("caBundle") for w in config["webhooks"])
+    wait_for(injected, 60, "the webhook to inject its caBundle")
+    yield took
+
+
+@pytest.fixture
+def namespace(node):
+    """A fresh namespace, deleted afterwards (without waiting: its pods go in the background)."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    node.kubectl("create", "namespace", name)
+    # The controller-manager gives the namespace's default ServiceAccount its token; pods wait for it otherwise.
+    wait_for(lambda: json.loads(node.kubectl("get", "serviceaccount", "default", "-n", name, "-o", "json"))
+             .get("secrets"), 30, f"the default ServiceAccount of {name}")
+    yield name
+    node.kubectl("delete", "namespace", name, "--wait=false", check=False)

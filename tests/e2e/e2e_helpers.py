@@ -1,0 +1,153 @@
+"""What the e2e tests share besides fixtures (tests/e2e/conftest.py): waiting, kubectl, Helm, one-shot pods, and
+following logs. Imported by the test modules as `e2e_helpers` (pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASE, RELEASE_NAMESPACE = "trainhook", "trainhook"
+
+
+def _load(name: str, path: Path):
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+node_mod = _load("trainhook_hack_node", REPO / "hack" / "node.py")
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    """The first truthy value of `predicate()`, or a failure naming `what` (and the last error) after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001  the thing waited for may not exist yet
+            last_error = e
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
+
+
+class Cluster:
+    """The node as the tests use it: API clients, kubectl, the images' references."""
+
+    def __init__(self, node):
+        self.node = node
+        self.images: dict[str, str] = node.images
+        self.env = {**os.environ, **node.env()}
+        self.kubectl_bin = str(Path(node.env()["PATH"].split(":")[0]) / "kubectl")
+
+    def api_client(self):
+        return self.node.api_client()
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120, input: str | None = None) -> str:
+        done = subprocess.run([self.kubectl_bin, *args], capture_output=True, text=True, env=self.env,
+                              timeout=timeout, input=input)
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {done.returncode}:\n{done.stderr}{done.stdout}")
+        return done.stdout
+
+    def apply(self, namespace: str, objects: list[dict]) -> None:
+        self.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                          "items": objects}))
+
+    def pod(self, namespace: str, name: str) -> dict:
+        return json.loads(self.kubectl("get", "pod", "-n", namespace, name, "-o", "json"))
+
+    def logs(self, namespace: str, pod: str, container: str | None = None, previous: bool = False) -> str:
+        args = ["logs", "-n", namespace, pod] + (["-c", container] if container else []) + \
+            (["--previous"] if previous else [])
+        return self.kubectl(*args, check=False)
+
+    def describe(self, namespace: str) -> str:
+        """What a failing test prints: the namespace's pods and events."""
+        return self.kubectl("get", "pods,events", "-n", namespace, "-o", "wide", check=False)
+
+
+def helm(cluster: Cluster, *args: str, timeout: float = 300) -> str:
+    helm = subprocess.run([sys.executable, str(REPO / "hack" / "get_helm.py")], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    home = Path(helm).parent / "home"
+    env = {**cluster.env, "HELM_CONFIG_HOME": str(home / "config"), "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_DATA_HOME": str(home / "data")}
+    done = subprocess.run([helm, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} exited {done.returncode}:\n{done.stderr}{done.stdout}")
+    return done.stdout
+
+
+def image_values(images: dict[str, str]) -> list[str]:
+    """The chart values the e2e install sets, and nothing else: the local images, and a pull policy that never
+    pulls (no registry is reachable)."""
+    webhook_repo, webhook_tag = images["webhook"].rsplit(":", 1)
+    launcher_repo, launcher_tag = images["launcher"].rsplit(":", 1)
+    return ["--set", f"image.repository={webhook_repo}", "--set", f"image.tag={webhook_tag}",
+            "--set", "image.pullPolicy=Never",
+            "--set", f"launcherImage.repository={launcher_repo}", "--set", f"launcherImage.tag={launcher_tag}"]
+
+
+def wait_pod_phase(cluster: Cluster, namespace: str, name: str, phases: set[str], timeout: float = 120) -> dict:
+    def reached():
+        pod = cluster.pod(namespace, name)
+        return pod if pod["status"].get("phase") in phases else None
+    try:
+        return wait_for(reached, timeout, f"pod {namespace}/{name} to reach {sorted(phases)}")
+    except pytest.fail.Exception:
+        print(cluster.describe(namespace), file=sys.stderr)
+        raise
+
+
+def run_pod(cluster: Cluster, namespace: str, name: str, image: str, command: list[str], timeout: float = 120,
+            **spec) -> tuple[dict, str]:
+    """Run a one-shot pod to completion; (the pod as the API server has it, its log). Fails when it fails."""
+    cluster.apply(namespace, [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "restartPolicy": "Never", "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                                                  "command": command}], **spec}}])
+    pod = wait_pod_phase(cluster, namespace, name, {"Succeeded", "Failed"}, timeout)
+    log = cluster.logs(namespace, name)
+    assert pod["status"]["phase"] == "Succeeded", f"pod {name} failed; its log:\n{log}"
+    return pod, log
+
+
+class LogFollower:
+    """`kubectl logs -f` of a pod's container into memory, in a thread: a StatefulSet that a finished gang scales
+    to zero deletes its pods, and their logs with them."""
+
+    def __init__(self, cluster: Cluster, namespace: str, pod: str, container: str):
+        self.text = ""
+        self._proc = subprocess.Popen([cluster.kubectl_bin, "logs", "-f", "-n", namespace, pod, "-c", container,
+                                       "--pod-running-timeout=5m"], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, env=cluster.env)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self):
+        for line in self._proc.stdout:
+            self.text += line
+
+    def stop(self):
+        if self._proc.poll() is None:
+            self._proc.terminate()
+        self._proc.wait(10)
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
