@@ -65,10 +65,12 @@ def annotations(converted) -> dict:
 # ("podgroup", field, value) or ("template", field, value). docs/convert.md lists every path.
 FIELDS = [
     ("PyTorchJob", "runPolicy.activeDeadlineSeconds", 600, None, ("annotation", ACTIVE_DEADLINE_SECONDS, "600")),
-    ("PyTorchJob", "runPolicy.backoffLimit", 3, None, ("annotation", ON_FAILURE, "restart-gang")),
-    ("PyTorchJob", "runPolicy.backoffLimit", 3, None, ("annotation", keys.MAX_RESTARTS, "3")),
+    # job()'s replica types are restartPolicy Never: Kubeflow retries nothing, whatever backoffLimit says
+    # (tests/test_convert_lifecycle.py has backoffLimit with retrying types, and the Indexed Jobs' own fields)
+    ("PyTorchJob", "runPolicy.backoffLimit", 3, None, ("warned", "spec.runPolicy.backoffLimit=3: no effect")),
+    ("PyTorchJob", "runPolicy.backoffLimit", 3, None, ("annotation", ON_FAILURE, "fail-gang")),
     ("PyTorchJob", "runPolicy.backoffLimit", 0, None, ("annotation", ON_FAILURE, "fail-gang")),
-    ("PyTorchJob", "runPolicy.cleanPodPolicy", "All", None, ("warned", "spec.runPolicy.cleanPodPolicy=All")),
+    ("PyTorchJob", "runPolicy.cleanPodPolicy", "None", None, ("warned", "spec.runPolicy.cleanPodPolicy=None")),
     ("PyTorchJob", "runPolicy.ttlSecondsAfterFinished", 60, None,
      ("warned", "spec.runPolicy.ttlSecondsAfterFinished=60")),
     ("PyTorchJob", "runPolicy.suspend", True, None, ("warned", "spec.runPolicy.suspend=true")),
@@ -105,6 +107,8 @@ FIELDS = [
     ("PyTorchJob", "pytorchReplicaSpecs.Worker.restartPolicy", "OnFailure", None,
      ("annotation", ON_FAILURE, "restart-gang")),
     ("PyTorchJob", "pytorchReplicaSpecs.Worker.restartPolicy", "Never", None, ("annotation", ON_FAILURE, "fail-gang")),
+    ("PyTorchJob", "pytorchReplicaSpecs.Worker.template.spec.restartPolicy", "OnFailure", None,
+     ("warned", "spec.pytorchReplicaSpecs.Worker.template.spec.restartPolicy=OnFailure: Kubeflow replaces it")),
     ("PyTorchJob", "someFutureField", 1, None, ("warned", "spec.someFutureField=1: no trainhook counterpart")),
     ("TFJob", "successPolicy", "AllWorkers", None, ("warned", "spec.successPolicy=AllWorkers")),
     ("TFJob", "enableDynamicWorker", True, None, ("warned", "spec.enableDynamicWorker=true")),
@@ -116,6 +120,7 @@ FIELDS = [
     ("MPIJob/v2beta1", "launcherCreationPolicy", "WaitForWorkersReady", None, ("annotation", keys.GANG_WAIT, "tcp")),
     ("MPIJob/v2beta1", "sshAuthMountPath", "/home/u/.ssh", None, ("warned", "spec.sshAuthMountPath=/home/u/.ssh")),
     ("MPIJob/v2beta1", "runLauncherAsWorker", True, None, ("warned", "spec.runLauncherAsWorker=true")),
+    ("MPIJob/v2beta1", "launcherCreationPolicy", "Later", None, ("warned", "spec.launcherCreationPolicy=Later")),
 ]
 
 
@@ -158,13 +163,16 @@ def test_templates_are_kept_whole():
                                       keys.REPLICAS: "master=1,worker=3"}
 
 
-def test_indexed_jobs_keep_the_deadline_and_the_retries_in_the_job_itself():
+def test_indexed_jobs_keep_the_deadline_and_leave_the_retries_to_the_gang():
     converted = convert_job(PYTORCHJOB, workload_kind="job")
     validate_objects(converted.objects)
     for workload in by_kind(converted.objects)["Job"]:
         spec = workload["spec"]
-        assert (spec["activeDeadlineSeconds"], spec["backoffLimit"], spec["completionMode"]) == (7200, 2, "Indexed")
+        # runPolicy.backoffLimit 2 is the gang's restart budget, never a Job's (docs/gang-lifecycle.md)
+        assert (spec["activeDeadlineSeconds"], spec["backoffLimit"], spec["completionMode"]) == (7200, 0, "Indexed")
         assert spec["template"]["spec"]["restartPolicy"] == "OnFailure"
+        assert (workload["metadata"]["annotations"][ON_FAILURE],
+                workload["metadata"]["annotations"][keys.MAX_RESTARTS]) == ("restart-gang", "2")
 
 
 def test_the_job_says_which_gang_scheduler_it_was_written_for():
@@ -192,6 +200,20 @@ def test_a_missing_training_container_is_warned_and_the_first_used():
     assert keys.CONTAINER not in (worker["spec"]["template"]["metadata"].get("annotations") or {})
     explained = explain_text(to_yaml(converted.objects))  # the webhook accepts both roles
     assert [item.container for item in explained.pods] == ["pytorch", "trainer", "trainer"]
+
+
+def test_a_container_without_command_is_warned_unless_the_job_names_its_entrypoint():
+    source = job("TFJob")
+    for replica in source["spec"]["tfReplicaSpecs"].values():
+        replica["template"]["spec"]["containers"][0].pop("command")
+    assert convert_job(source).warnings == [
+        f"TFJob/j: spec.tfReplicaSpecs.{t}: container tensorflow has no command (its image's ENTRYPOINT, which "
+        f"admission cannot read): the webhook refuses its pods; write the entrypoint as command, or give it in the "
+        f"job's annotation {keys.ENTRYPOINT}" for t in ("Chief", "Worker")]
+    source["metadata"]["annotations"] = {keys.ENTRYPOINT: '["python", "/app/train.py"]'}
+    converted = convert_job(source)
+    assert converted.warnings == []
+    explain_text(to_yaml(converted.objects))  # the webhook accepts every pod
 
 
 @pytest.mark.parametrize("text, message", [
@@ -228,8 +250,9 @@ def test_the_cli_prints_manifests_and_warns_on_stderr(tmp_path, capsys):
     objects = list(yaml.safe_load_all(out))
     validate_objects(objects)
     assert [o["metadata"]["namespace"] for o in objects] == ["team-a"] * 3
-    assert err == ("Warning: PyTorchJob/j: spec.runPolicy.cleanPodPolicy=All: no trainhook counterpart: pods stay "
-                   "until the gang is deleted (trainhook delete); left out\n")
+    assert err == ("Warning: PyTorchJob/j: spec.runPolicy.cleanPodPolicy=All: an Indexed Job's pods end with the gang "
+                   "and stay until the Job is deleted (trainhook delete, or spec.runPolicy.ttlSecondsAfterFinished); "
+                   "left out\n")
     assert main(["convert", str(source), "-o", str(tmp_path / "out.yaml")]) == 0
     assert capsys.readouterr().out == ""
     assert len(list(yaml.safe_load_all((tmp_path / "out.yaml").read_text()))) == 3

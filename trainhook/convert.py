@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from trainhook import keys
 from trainhook.convert_policies import KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, \
-    Fields, KubeflowKind, as_int, infer_scheduler, kubeflow_port, mpi_options, pytorch_options, run_policy, \
-    scheduling_of, set_mpi_commands, training_container
-from trainhook.render import ON_FAILURE, Gang, RenderError, gang_objects
+    Fields, KubeflowKind, as_int, infer_scheduler, kubeflow_port, mpi_options, pytorch_options, scheduling_of, \
+    set_mpi_commands, training_container
+from trainhook.convert_run_policy import Restart, clean_pod_policy, pod_restart_policy, run_policy
+from trainhook.render import Gang, RenderError, gang_objects
 from trainhook.yaml_stream import yaml_documents
 
 __all__ = ["KINDS", "ConvertError", "Converted", "MPI_IMPLEMENTATION", "SLOTS_PER_WORKER", "convert_job",
@@ -26,15 +27,19 @@ __all__ = ["KINDS", "ConvertError", "Converted", "MPI_IMPLEMENTATION", "SLOTS_PE
 SERVER_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink",
                    "deletionTimestamp", "deletionGracePeriodSeconds")
 KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")  # Kubeflow's
 
 KINDS: dict[tuple[str, str], KubeflowKind] = {
-    ("kubeflow.org/v1", "PyTorchJob"): KubeflowKind(keys.PYTORCH, "pytorchReplicaSpecs", "pytorch", "pytorchjob-port"),
+    ("kubeflow.org/v1", "PyTorchJob"): KubeflowKind(keys.PYTORCH, "pytorchReplicaSpecs", "pytorch", "pytorchjob-port",
+                                                    restart_policy="OnFailure"),
     ("kubeflow.org/v1", "TFJob"): KubeflowKind(keys.TENSORFLOW, "tfReplicaSpecs", "tensorflow", "tfjob-port"),
     ("kubeflow.org/v1", "XGBoostJob"): KubeflowKind(keys.XGBOOST, "xgbReplicaSpecs", "xgboost", "xgboostjob-port"),
     ("kubeflow.org/v1", "JAXJob"): KubeflowKind(keys.JAX, "jaxReplicaSpecs", "jax", "jaxjob-port"),
-    ("kubeflow.org/v1", "PaddleJob"): KubeflowKind(keys.PADDLE, "paddleReplicaSpecs", "paddle", "master"),
+    ("kubeflow.org/v1", "PaddleJob"): KubeflowKind(keys.PADDLE, "paddleReplicaSpecs", "paddle", "master",
+                                                   restart_policy="OnFailure"),
     ("kubeflow.org/v1", "MPIJob"): KubeflowKind(keys.MPI, "mpiReplicaSpecs", "mpi", ""),
-    ("kubeflow.org/v2beta1", "MPIJob"): KubeflowKind(keys.MPI, "mpiReplicaSpecs", "", ""),
+    ("kubeflow.org/v2beta1", "MPIJob"): KubeflowKind(keys.MPI, "mpiReplicaSpecs", "", "",
+                                                     launcher_restart_policy="OnFailure"),
 }
 
 
@@ -45,27 +50,53 @@ class Converted:
 
 
 def role_template(kubeflow_spec: dict, role: str, kind: KubeflowKind, main_container: str, workload_kind: str,
-                  fields: Fields) -> tuple[dict, str, int | None]:
-    """(pod template, the Kubeflow restartPolicy, the Kubeflow port) of one replica type."""
+                  fields: Fields) -> tuple[dict, Restart, int | None]:
+    """(pod template, the Kubeflow restartPolicy, the Kubeflow port) of one replica type.
+
+    The restartPolicy is the replica type's, else Kubeflow's default for the kind: Kubeflow overwrites the
+    template's own with it, so a different one in the template is warned about and has no effect here either."""
     path = f"spec.{kind.replica_specs}.{role}"
     replica = dict(kubeflow_spec)
     template = copy.deepcopy(replica.pop("template", None) or {})
-    restart = replica.pop("restartPolicy", "")
+    restart = Restart(replica.pop("restartPolicy", ""))
+    if not restart.policy:
+        restart = Restart(kind.default_restart_policy(role.lower()), defaulted=True)
+    elif restart.policy not in RESTART_POLICIES:
+        raise ConvertError(f"{fields.where}: {path}.restartPolicy={restart.policy}: use {', '.join(RESTART_POLICIES)}")
     replica.pop("replicas", None)
     fields.leftovers(path, replica)
     spec = template.setdefault("spec", {})
     if not spec.get("containers"):
         raise ConvertError(f"{fields.where}: {path}.template.spec.containers is empty")
-    restart = restart or spec.get("restartPolicy", "")
-    spec.pop("restartPolicy", None)
-    if workload_kind == "job" and restart in ("Never", "OnFailure"):
-        spec["restartPolicy"] = restart
+    own = spec.pop("restartPolicy", None)
+    if own is not None and own != pod_restart_policy(restart.policy):
+        fields.drop(f"{path}.template.spec.restartPolicy", own,
+                    f"Kubeflow replaces it with the replica type's restartPolicy ({restart.policy}"
+                    f"{', its default' if restart.defaulted else ''}); set that one")
+    if workload_kind == "job" and restart.policy in ("Never", "OnFailure"):
+        spec["restartPolicy"] = restart.policy
     container = training_container(template, kind, main_container)
     if container is None:
         names = ", ".join(c.get("name", "?") for c in spec["containers"])
         fields.warnings.append(f"{fields.where}: {path}: no container named {main_container or kind.container} "
                                f"(containers: {names}); trainhook injects into the first one")
     return template, restart, kubeflow_port(container, kind.port_name)
+
+
+def warn_entrypoints(templates: list[tuple[str, int, dict]], types: dict[str, str], kind: KubeflowKind,
+                     main_container: str, job_annotations: dict, fields: Fields) -> None:
+    """A training container without `command` runs its image's ENTRYPOINT, which the webhook cannot read to wrap it
+    in trainhook-launch (docs/delivery.md): it refuses the pods unless an annotation gives the entrypoint."""
+    for role, _, template in templates:
+        given = {**job_annotations, **((template.get("metadata") or {}).get("annotations") or {})}
+        if keys.ENTRYPOINT in given or given.get(keys.LAUNCHER) == keys.LAUNCHER_NONE:
+            continue
+        container = training_container(template, kind, main_container) or template["spec"]["containers"][0]
+        if not container.get("command"):
+            fields.warnings.append(
+                f"{fields.where}: spec.{kind.replica_specs}.{types[role]}: container {container.get('name')} "
+                f"has no command (its image's ENTRYPOINT, which admission cannot read): the webhook refuses its pods; "
+                f"write the entrypoint as command, or give it in the job's annotation {keys.ENTRYPOINT}")
 
 
 def convert_job(job: dict, workload_kind: str = "statefulset", gang_scheduler: str | None = None,
@@ -117,22 +148,30 @@ def convert_job(job: dict, workload_kind: str = "statefulset", gang_scheduler: s
     elif kind.framework == keys.PADDLE and "elasticPolicy" in spec:
         fields.drop("spec.elasticPolicy", spec.pop("elasticPolicy"), "trainhook's elastic training is PyTorch's")
     if kind.framework == keys.TENSORFLOW:
-        for name_, why in (("successPolicy", "the gang succeeds when rank 0 (the chief, else worker 0) does"),
-                           ("enableDynamicWorker", "a TF_CONFIG lists the gang as created")):
-            if name_ in spec:
+        for name_, default, why in (
+                ("successPolicy", "", "the gang succeeds when rank 0 (the chief, else worker 0) does, as with "
+                                      "Kubeflow's default policy; make rank 0 wait for the workers to end with all"),
+                ("enableDynamicWorker", False, "TF_CONFIG lists the gang as created; workers are not added or "
+                                               "removed while it runs")):
+            if spec.get(name_, default) != default:
                 fields.drop(f"spec.{name_}", spec.pop(name_), why)
+            spec.pop(name_, None)
+    if kind.framework == keys.MPI and api_version == "kubeflow.org/v1" and "cleanPodPolicy" in spec:
+        clean_pod_policy("spec.cleanPodPolicy", spec.pop("cleanPodPolicy"), workload_kind, fields)
 
-    templates, restarts, ports = [], set(), {}
+    templates, restarts, ports = [], {}, {}
     for role in sorted(roles_in, key=order.index):
         replica_type, replicas, replica = roles_in[role]
         template, restart, port = role_template(replica, replica_type, kind, main_container, workload_kind, fields)
         templates.append((role, replicas, template))
-        if restart:
-            restarts.add(restart)
+        restarts[replica_type] = restart
         if port is not None:
             ports[role] = port
     if kind.framework == keys.MPI:
         set_mpi_commands(templates, kind, main_container, fields)
+    else:
+        warn_entrypoints(templates, {r: t for r, (t, _, _) in roles_in.items()}, kind, main_container, annotations_in,
+                         fields)
     container_name = main_container or kind.container
     having = [t for _, _, t in templates if training_container(t, kind, main_container)]
     if container_name and len(having) == len(templates):
@@ -147,26 +186,27 @@ def convert_job(job: dict, workload_kind: str = "statefulset", gang_scheduler: s
                                    f"({ports}); trainhook uses one for the gang: {first}")
         annotations[keys.PORT] = str(first)
 
-    policy = dict(spec.pop("runPolicy", None) or {})
-    scheduling_policy = policy.pop("schedulingPolicy", None) or {}
-    deadline, backoff = run_policy(policy, restarts, fields, annotations)
-    fields.leftovers("spec", spec)
     pod_templates = [t for _, _, t in templates]
     scheduler = gang_scheduler or infer_scheduler(pod_templates, labels)
+    policy = dict(spec.pop("runPolicy", None) or {})
+    scheduling_policy = policy.pop("schedulingPolicy", None) or {}
+    lifecycle = run_policy(policy, restarts, f"spec.{kind.replica_specs}", api_version == "kubeflow.org/v2beta1",
+                           workload_kind, scheduler, fields, annotations)
+    fields.leftovers("spec", spec)
     scheduler_names = {(t.get("spec") or {}).get("schedulerName") for t in pod_templates}
     scheduling, priority = scheduling_of(scheduling_policy, scheduler, labels, fields, scheduler_names)
     if scheduler == "kueue":
         labels.pop(KUEUE_QUEUE_LABEL, None)  # the pods carry it (the webhook), not the workloads
     gang = Gang(name=name, framework=kind.framework, roles=templates, kind=workload_kind,
                 namespace=own_namespace or namespace, annotations=annotations, scheduling=scheduling,
-                role_suffix=True, active_deadline_seconds=deadline, priority_class=priority,
-                backoff_limit=backoff if backoff is not None else
-                (0 if annotations[ON_FAILURE] == "fail-gang" else None))
+                role_suffix=True, active_deadline_seconds=lifecycle.active_deadline_seconds, priority_class=priority)
     try:
         result.objects = gang_objects(gang)
     except RenderError as e:
         raise ConvertError(f"{where}: {e}") from e
     for obj in result.objects:
+        if obj["kind"] == "Job":
+            obj["spec"].update(lifecycle.job_spec)
         if obj["kind"] in ("StatefulSet", "Job"):
             obj["metadata"]["labels"] = {**labels, **obj["metadata"]["labels"]}
             if annotations_in:

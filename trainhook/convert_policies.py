@@ -1,6 +1,7 @@
-"""The Kubeflow fields `trainhook convert` maps besides the pod templates: runPolicy, schedulingPolicy,
-PyTorch's elastic and nproc options, MPIJob's own fields and commands. Each mapper takes the fields it knows out
-of the spec (a copy) and records through `Fields` every one it cannot map, so nothing is dropped silently.
+"""The Kubeflow fields `trainhook convert` maps besides the pod templates and the lifecycle (convert_run_policy):
+schedulingPolicy, PyTorch's elastic and nproc options, TFJob's and MPIJob's own fields, MPI commands. Each mapper
+takes the fields it knows out of the spec (a copy) and records through `Fields` every one it cannot map, so nothing
+is dropped silently; a field set to the value that asks for what trainhook does anyway is taken without a word.
 """
 
 from __future__ import annotations
@@ -10,14 +11,12 @@ from dataclasses import dataclass
 import yaml
 
 from trainhook import keys
-from trainhook.render import ACTIVE_DEADLINE_SECONDS, MPI_WORKER, ON_FAILURE, Scheduling, mpi_launch
+from trainhook.render import MPI_WORKER, Scheduling, mpi_launch
 
 MPI_IMPLEMENTATION, SLOTS_PER_WORKER = keys.MPI_IMPLEMENTATION, keys.SLOTS_PER_WORKER
 MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
 # The label Kueue users put on a Kubeflow job to queue it (Kueue's Kubeflow integration).
 KUEUE_QUEUE_LABEL = keys.KUEUE_QUEUE_NAME
-# Kubeflow's replica restart policies that retry a failed member (ExitCode: only exit codes >= 128, as here).
-RETRYING = ("Always", "OnFailure", "ExitCode")
 
 
 class ConvertError(ValueError):
@@ -30,6 +29,13 @@ class KubeflowKind:
     replica_specs: str  # the spec field holding the replica types
     container: str  # Kubeflow's fixed training container name ("": the first container, mpi-operator v2)
     port_name: str  # the container port name Kubeflow reads the master port from ("": none)
+    # Kubeflow's restartPolicy for a replica type that names none (training-operator's <kind>_types.go), and
+    # mpi-operator v2beta1's for its launcher Job ("": the same)
+    restart_policy: str = "Never"
+    launcher_restart_policy: str = ""
+
+    def default_restart_policy(self, role: str) -> str:
+        return (role == "launcher" and self.launcher_restart_policy) or self.restart_policy
 
 
 class Fields:
@@ -119,35 +125,6 @@ def scheduling_of(policy: dict, scheduler: str | None, labels: dict, fields: Fie
                       min_resources=min_resources), priority
 
 
-def run_policy(policy: dict, restart_policies: set, fields: Fields, annotations: dict) -> tuple[int | None, int | None]:
-    """runPolicy's deadline and retries as issue 7's annotations; returns (activeDeadlineSeconds, backoffLimit)."""
-    deadline = policy.pop("activeDeadlineSeconds", None)
-    backoff = policy.pop("backoffLimit", None)
-    if deadline is not None:
-        annotations[ACTIVE_DEADLINE_SECONDS] = str(as_int(deadline, "spec.runPolicy.activeDeadlineSeconds"))
-    if backoff is not None:
-        backoff = as_int(backoff, "spec.runPolicy.backoffLimit")
-        annotations[ON_FAILURE] = "restart-gang" if backoff > 0 else "fail-gang"
-        if backoff > 0:
-            annotations.setdefault(keys.MAX_RESTARTS, str(backoff))
-    elif restart_policies & set(RETRYING):
-        annotations[ON_FAILURE] = "restart-gang"
-        fields.warnings.append(f"{fields.where}: restartPolicy {'/'.join(sorted(restart_policies & set(RETRYING)))}"
-                               f" retries without bound in Kubeflow; trainhook restarts the gang together, at most "
-                               f"{annotations.get(keys.MAX_RESTARTS, '3')} times ({keys.MAX_RESTARTS})")
-    else:
-        annotations[ON_FAILURE] = "fail-gang"
-    for name in ("cleanPodPolicy", "ttlSecondsAfterFinished", "suspend", "managedBy"):
-        if name in policy:
-            why = {"cleanPodPolicy": "pods stay until the gang is deleted (trainhook delete)",
-                   "ttlSecondsAfterFinished": "nothing deletes a finished gang by itself",
-                   "suspend": "trainhook has no controller to suspend a gang; create it when it should run",
-                   "managedBy": "trainhook has no controller; no other controller takes it over"}[name]
-            fields.drop(f"spec.runPolicy.{name}", policy.pop(name), f"no trainhook counterpart: {why}")
-    fields.leftovers("spec.runPolicy", policy)
-    return (None if deadline is None else int(deadline)), backoff
-
-
 def pytorch_options(spec: dict, workers: int, fields: Fields, annotations: dict) -> None:
     nproc = spec.pop("nprocPerNode", None)
     elastic = spec.pop("elasticPolicy", None)
@@ -166,10 +143,19 @@ def pytorch_options(spec: dict, workers: int, fields: Fields, annotations: dict)
         legacy = elastic.pop("nProcPerNode", None)
         if nproc is None and legacy is not None:
             nproc = str(legacy)
+        elif legacy is not None:  # Kubeflow refuses the two together
+            fields.drop("spec.elasticPolicy.nProcPerNode", legacy,
+                        f"deprecated, and Kubeflow refuses it with spec.nprocPerNode; spec.nprocPerNode={nproc} "
+                        "is used")
+        if not elastic.get("standalone", True):
+            elastic.pop("standalone")  # false: the rendezvous is not local to one pod, as here
         for name, why in (("rdzvHost", "the rendezvous is rank 0's address"),
                           ("rdzvId", "the rendezvous id is the job name"),
-                          ("rdzvConf", "no trainhook counterpart"), ("standalone", "no trainhook counterpart"),
-                          ("metrics", "no autoscaler: trainhook has no controller")):
+                          ("rdzvConf", "no trainhook counterpart: trainhook's c10d rendezvous takes torchrun's "
+                                       "defaults; pass --rdzv-conf to torchrun in the command"),
+                          ("standalone", "the rendezvous is rank 0's, for a gang of any size (a one-pod gang too)"),
+                          ("metrics", "no autoscaler: trainhook has no controller; the gang runs with its "
+                                      "replicas, within trainhook.dev/elastic")):
             if name in elastic:
                 fields.drop(f"spec.elasticPolicy.{name}", elastic.pop(name), why)
         fields.leftovers("spec.elasticPolicy", elastic)
@@ -187,11 +173,19 @@ def mpi_options(spec: dict, api_version: str, fields: Fields, annotations: dict)
             raise ConvertError(f"{fields.where}: spec.mpiImplementation={implementation}: use "
                                f"{', '.join(MPI_IMPLEMENTATIONS)}")
         annotations[MPI_IMPLEMENTATION] = implementation
-    if spec.pop("launcherCreationPolicy", "AtStartup") == "WaitForWorkersReady":
+    creation = spec.pop("launcherCreationPolicy", "AtStartup")
+    if creation == "WaitForWorkersReady":
         annotations[keys.GANG_WAIT] = "tcp"  # the launcher starts once every worker is up and reachable
-    for name, why in (("sshAuthMountPath", "trainhook's launcher reaches workers through kubexec, not ssh"),
-                      ("runLauncherAsWorker", "the launcher is not in the hostfile"),
-                      ("cleanPodPolicy", "pods stay until the gang is deleted (trainhook delete)")):
+    elif creation != "AtStartup":
+        fields.drop("spec.launcherCreationPolicy", creation, "not an mpi-operator policy (AtStartup, "
+                                                             "WaitForWorkersReady); the launcher starts at once")
+    if spec.get("runLauncherAsWorker") is False:
+        spec.pop("runLauncherAsWorker")  # mpi-operator's default: the launcher runs no ranks, as here
+    for name, why in (("sshAuthMountPath", "trainhook's launcher reaches the workers through the Kubernetes exec "
+                                           "API (kubexec), not ssh; no ssh keys are mounted"),
+                      ("runLauncherAsWorker", "the launcher pod is not in the hostfile and runs no ranks; for a gang "
+                                              "whose every pod runs ranks, write one workload without roles, whose "
+                                              "pod 0 launches (docs/frameworks/mpi.md, two layouts)")):
         if name in spec:
             fields.drop(f"spec.{name}", spec.pop(name), why)
     return spec.pop("mainContainer", "") if api_version == "kubeflow.org/v1" else ""

@@ -61,7 +61,6 @@ class Gang:
     # Workloads are named <job>-<role> even for one role (Kubeflow's pod names); a multi-role gang always is.
     role_suffix: bool = False
     active_deadline_seconds: int | None = None  # Indexed Jobs also get it as spec.activeDeadlineSeconds
-    backoff_limit: int | None = None  # Indexed Jobs only
     # The pods' PriorityClass without a gang scheduler (with one: Scheduling.priority_class).
     priority_class: str = ""
 
@@ -117,7 +116,11 @@ def workload(gang: Gang, role: str, replicas: int, template: dict) -> dict:
 
     The priority class goes into the template itself rather than the `priority-class` annotation: the API
     server's Priority admission plugin resolves it before any webhook runs (a class the webhook adds later is
-    refused on reinvocation, the pod already carrying the default priority). Kueue's keys go there too."""
+    refused on reinvocation, the pod already carrying the default priority). Kueue's keys go there too.
+
+    An Indexed Job gets `backoffLimit: 0` whatever the gang's on-failure policy (docs/gang-lifecycle.md): retrying
+    the gang is its launchers' job (`restart-gang`, at most `max-restarts` times), and a Job retrying one pod on
+    its own would start that pod outside the gang, on top of the gang's own restarts."""
     name = workload_name(gang, role)
     labels = {keys.FRAMEWORK: gang.framework, keys.JOB_NAME: gang.name, keys.ROLE: role}
     annotations = dict(gang.annotations)
@@ -137,9 +140,8 @@ def workload(gang: Gang, role: str, replicas: int, template: dict) -> dict:
     if gang.kind == "job":
         spec["restartPolicy"] = spec.get("restartPolicy") if spec.get("restartPolicy") in ("Never", "OnFailure") \
             else "Never"
-        job_spec: dict = {"completions": replicas, "parallelism": replicas, "completionMode": "Indexed"}
-        if gang.backoff_limit is not None:
-            job_spec["backoffLimit"] = gang.backoff_limit
+        job_spec: dict = {"completions": replicas, "parallelism": replicas, "completionMode": "Indexed",
+                          "backoffLimit": 0}
         if gang.active_deadline_seconds is not None:
             job_spec["activeDeadlineSeconds"] = gang.active_deadline_seconds
         job_spec["template"] = template
@@ -366,11 +368,10 @@ def gang_of(options: RenderOptions) -> Gang:
         raise RenderError("give the gang's size: --workers N, or --role ROLE=N for each role")
     members = sum(count for _, count in options.roles)
     templates = [(role, count, pod_template(options, role)) for role, count in options.roles]
-    fail_gang = options.on_failure in ("", "fail-gang")
     return Gang(name=options.name, framework=options.framework, roles=templates, kind=options.kind,
                 namespace=options.namespace, annotations=option_annotations(options, members),
                 scheduling=options.scheduling, active_deadline_seconds=options.active_deadline_seconds,
-                backoff_limit=0 if fail_gang else None, priority_class=options.priority_class)
+                priority_class=options.priority_class)
 
 
 def render(options: RenderOptions) -> list[dict]:
