@@ -102,7 +102,8 @@ def test_the_controllers_pods_carry_the_contracts_wiring(wired_cluster, k8s_name
         assert [e.name for e in pod.spec.containers[0].env][-1] == "EPOCHS", "the user's env comes last"
         init = pod.spec.init_containers[0]
         assert (init.name, init.image, init.command) == ("trainhook-gang-wait", "registry.example/launcher:1",
-                                                          ["trainhook-launch", "wait"])
+                                                          ["trainhook-launch", "wait", "--install", "/trainhook"])
+        assert pod.spec.containers[0].command[:3] == ["/trainhook/bin/trainhook-launch", "run", "--"]
         assert pod.spec.hostname == f"ddp-{rank}" and pod.spec.subdomain == "ddp"
 
 

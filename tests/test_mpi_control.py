@@ -35,9 +35,11 @@ def free_port() -> int:
 
 
 def gang_env(role: str, port: int, **more: str) -> dict[str, str]:
+    """A Job's pod (restartPolicy Never): the worker exits once the gang is done."""
     return {"PATH": os.environ["PATH"], **SHAPE, "TRAINHOOK_ROLE": role, "TRAINHOOK_INDEX": "0",
             "TRAINHOOK_RANK": "0" if role == "launcher" else "1", "TRAINHOOK_PORT": str(port),
-            "TRAINHOOK_WAIT_TIMEOUT": "30", "TRAINHOOK_GANG_TOKEN": TOKEN, "TRAINHOOK_MPI_SLOTS": "3", **more}
+            "TRAINHOOK_WAIT_TIMEOUT": "30", "TRAINHOOK_GANG_TOKEN": TOKEN, "TRAINHOOK_MPI_SLOTS": "3",
+            "TRAINHOOK_WORKLOAD": "Job/pi-worker", "TRAINHOOK_RESTART_POLICY": "Never", **more}
 
 
 class Worker:
@@ -80,6 +82,20 @@ def test_a_worker_reports_its_slots_and_exits_with_the_launchers_outcome():
     code, output = worker.finish()
     assert code == 7
     assert "launcher finished: mpirun exited with 7; exiting 7" in output
+
+
+def test_a_statefulset_worker_parks_once_the_gang_is_done_and_exits_when_stopped():
+    """Its container would be rerun (restartPolicy Always): it stays up, idle, until the pod is stopped."""
+    worker = Worker(TRAINHOOK_WORKLOAD="StatefulSet/pi-worker", TRAINHOOK_RESTART_POLICY="Always")
+    link = worker.connect()
+    link.tell_exit(0, "mpirun exited with 0")
+    link.wait_bye(timeout=5)
+    time.sleep(1.5)
+    assert worker.process.poll() is None, "a finished StatefulSet worker must not exit (it would be rerun)"
+    worker.process.send_signal(signal.SIGTERM)
+    code, output = worker.finish()
+    assert code == 0
+    assert "parked: the gang is done" in output and "stopped by SIGTERM while parked; exiting 0" in output
 
 
 def test_a_worker_whose_launcher_hangs_up_exits_129_at_once():
