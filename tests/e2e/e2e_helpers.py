@@ -128,25 +128,35 @@ def run_pod(cluster: Cluster, namespace: str, name: str, image: str, command: li
 
 
 class LogFollower:
-    """`kubectl logs -f` of a pod's container into memory, in a thread: a StatefulSet that a finished gang scales
-    to zero deletes its pods, and their logs with them."""
+    """`kubectl logs -f` of a pod's container into memory, in a thread, from the moment the container starts: a
+    StatefulSet that a finished gang scales to zero deletes its pods, and their logs with them."""
 
     def __init__(self, cluster: Cluster, namespace: str, pod: str, container: str):
         self.text = ""
-        self._proc = subprocess.Popen([cluster.kubectl_bin, "logs", "-f", "-n", namespace, pod, "-c", container,
-                                       "--pod-running-timeout=5m"], stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, env=cluster.env)
-        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._command = [cluster.kubectl_bin, "logs", "-f", "-n", namespace, pod, "-c", container]
+        self._env = cluster.env
+        self._proc: subprocess.Popen | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
 
-    def _read(self):
-        for line in self._proc.stdout:
-            self.text += line
+    def _follow(self):
+        while not self._stopped.is_set():
+            self._proc = subprocess.Popen(self._command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=self._env)
+            got = ""
+            for line in self._proc.stdout:
+                got += line
+                self.text += line
+            if self._proc.wait() == 0 and got:
+                return  # the container ended (or the pod went): its whole log is here
+            time.sleep(0.5)  # not started yet (PodInitializing), or not created yet: try again
 
     def stop(self):
-        if self._proc.poll() is None:
+        self._stopped.set()
+        if self._proc and self._proc.poll() is None:
             self._proc.terminate()
-        self._proc.wait(10)
+        self._thread.join(10)
 
 
 def b64(text: str) -> str:

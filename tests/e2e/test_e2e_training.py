@@ -1,0 +1,79 @@
+"""examples/pytorch/ddp.yaml trains for real on the node: 4 pods, torch's gloo over the pod network, peers found
+through the cluster DNS, every rank ending with the same parameters.
+
+TEMPORARY, until the webhook's delivery of the launcher is what this test exercises: the example's image is
+swapped for the local CPU torch image *with trainhook added* (images/examples/torch-trainhook.Dockerfile), its
+command is wrapped by hand in `trainhook-launch run --`, and the pod template opts out of delivery
+(`trainhook.dev/launcher: none`). Once delivery is in, use node.images["torch"] (no trainhook), drop the wrapping
+and the opt-out, and the test shows the user's manifest running unchanged but for its image.
+
+Also changed from the example, for this 2-core node: each pod requests 100m CPU instead of 500m (4 x 500m and the
+webhook's requests do not fit), and the gang runs in `default`, whose ServiceAccounts the chart's default values
+bind to the training role (so the launcher may record the outcome and scale the finished StatefulSet to zero).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import yaml
+
+from e2e_helpers import REPO, LogFollower, wait_for
+
+DIGEST = re.compile(r"final parameters digest ([0-9a-f]+) identical-across-ranks=True")
+NAMESPACE = "default"
+
+
+def ddp_manifests(image: str) -> list[dict]:
+    objects = [o for o in yaml.safe_load_all((REPO / "examples" / "pytorch" / "ddp.yaml").read_text()) if o]
+    out = []
+    for obj in objects:
+        obj = copy.deepcopy(obj)
+        if obj["kind"] == "StatefulSet":
+            template = obj["spec"]["template"]
+            template["metadata"].setdefault("annotations", {})["trainhook.dev/launcher"] = "none"
+            template["spec"]["terminationGracePeriodSeconds"] = 5
+            (trainer,) = template["spec"]["containers"]
+            trainer["image"], trainer["imagePullPolicy"] = image, "Never"
+            trainer["command"] = ["trainhook-launch", "run", "--", *trainer["command"]]
+            trainer["resources"]["requests"]["cpu"] = "100m"
+        out.append(obj)
+    return out
+
+
+def test_the_pytorch_ddp_example_trains_across_four_pods(node, release):
+    manifests = ddp_manifests(node.images["torch-trainhook"])
+    node.kubectl("delete", "-n", NAMESPACE, "statefulset,service,configmap", "ddp", "ddp-script",
+                 "--ignore-not-found", "--wait=true", check=False)
+    followers: dict[str, LogFollower] = {}
+    try:
+        node.apply(NAMESPACE, manifests)
+        for i in range(4):
+            followers[f"ddp-{i}"] = LogFollower(node, NAMESPACE, f"ddp-{i}", "trainer")
+
+        def finished():
+            sts = json.loads(node.kubectl("get", "statefulset", "ddp", "-n", NAMESPACE, "-o", "json"))
+            phase = sts["metadata"].get("annotations", {}).get("trainhook.dev/phase")
+            assert phase != "Failed", sts["metadata"]["annotations"]
+            digests = {name: DIGEST.search(f.text) for name, f in followers.items()}
+            return phase == "Succeeded" and all(digests.values()) and (sts, digests)
+        try:
+            sts, digests = wait_for(finished, 300, "the 4 ranks to train and the gang to succeed", interval=2)
+        except BaseException:
+            for name, follower in followers.items():
+                print(f"--- {name}\n{follower.text[-3000:]}")
+            print(node.describe(NAMESPACE))
+            raise
+        assert len({m.group(1) for m in digests.values()}) == 1, digests
+        assert "epoch 5 loss" in followers["ddp-0"].text
+        # The launcher recorded the outcome and scaled the finished StatefulSet to zero: it does not retrain.
+        assert sts["metadata"]["annotations"]["trainhook.dev/exit-code"] == "0"
+        wait_for(lambda: json.loads(node.kubectl("get", "statefulset", "ddp", "-n", NAMESPACE, "-o", "json"))
+                 ["spec"]["replicas"] == 0, 60, "the finished StatefulSet scaled to zero")
+    finally:
+        for follower in followers.values():
+            follower.stop()
+        node.kubectl("delete", "-n", NAMESPACE, "statefulset,service,configmap", "ddp", "ddp-script",
+                     "--ignore-not-found", "--wait=false", check=False)
