@@ -9,15 +9,15 @@ Both spellings are accepted: `kubexec POD -- CMD ARGS` and `kubexec [-o Opt=v -p
 
 Transports (`--transport`, else TRAINHOOK_MPI_TRANSPORT, else `local` inside a `trainhook local` run, else
 `kubexec`):
-- `kubexec`: the Kubernetes exec API with the pod's ServiceAccount (in-cluster config, else the kubeconfig),
-  through `kubernetes.stream.stream` on `connect_get_namespaced_pod_exec`; stdin, stdout and stderr are relayed
-  and the exit code comes from the error channel. The pod is read first (for its container: the
-  `trainhook.dev/container` annotation, else the first); a pod whose name is not its hostname (a Job's or bare
-  pod) is found by listing the gang's pods. Needs `get`/`list` on pods and `create`/`get` on pods/exec (the
-  chart's training ClusterRole).
+- `kubexec`: the Kubernetes exec API with the pod's ServiceAccount (else a JSON kubeconfig: kube_api), over a
+  websocket with the `v4.channel.k8s.io` protocol (`v5` where the server offers it): every message's first
+  byte is its channel (0 stdin, 1 stdout, 2 stderr, 3 the exit Status); stdin, stdout and stderr are relayed and
+  the exit code comes from the Status. The pod is read first (for its container: the `trainhook.dev/container`
+  annotation, else the first); a pod whose name is not its hostname (a Job's or bare pod) is found by listing
+  the gang's pods. Needs `get`/`list` on pods and `create`/`get` on pods/exec (the chart's training ClusterRole).
 - `ssh`: `ssh` with the given options first (they win), then StrictHostKeyChecking=no,
   UserKnownHostsFile=/dev/null, BatchMode=yes and ConnectionAttempts=10, as mpi-operator v2 runs it.
-- `local`: the target pod of the local run (mpi_local).
+- `local`: the target pod of the local run, through the runner's RUN_DIR/podexec (mpi_local).
 
 The agent's own failures (no such pod, forbidden, pod not running) print one line naming the pod and the
 reason and exit 255, ssh's code for "could not run the command at all".
@@ -27,28 +27,30 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shlex
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
+from urllib.parse import quote, urlencode
 
 from trainhook import keys
-from trainhook.launcher import mpi_local
+from trainhook.launcher import deliver, kube_api, mpi_local
 from trainhook.launcher.gang import ConfigError
+from trainhook.launcher.lifecycle import SERVICE_ACCOUNT_DIR, TH_SERVICE_ACCOUNT_DIR
 
 TH_MPI_TRANSPORT = "TRAINHOOK_MPI_TRANSPORT"
 TRANSPORTS = ("kubexec", "ssh", "local")
 EXIT_AGENT_FAILED = 255
 REMOTE_SHELL = "/bin/sh"
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+PROTOCOL_V4, PROTOCOL_V5 = "v4.channel.k8s.io", "v5.channel.k8s.io"
+STDIN, STDOUT, STDERR, ERROR, CLOSE_CHANNEL = 0, 1, 2, 3, 255  # the exec channels (v5 adds closing one)
 # ssh(1)'s options that take an argument (its getopt string), so `-p 22 HOST` is not read as host "22".
 SSH_OPTIONS_WITH_ARGUMENT = set("BbcDEeFIiJLlmOoPpQRSWw")
 SSH_DEFAULTS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
                 "-o", "ConnectionAttempts=10", "-o", "LogLevel=ERROR")
 OWN_OPTIONS = ("--transport", "--run-dir", "--namespace", "--container")
-
 
 
 @dataclass
@@ -152,78 +154,43 @@ def namespace_of(call: AgentCall, env: Mapping[str, str]) -> str:
     if env.get(keys.TH_NAMESPACE, "").strip():
         return env[keys.TH_NAMESPACE].strip()
     try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+        return (Path(service_account_dir(env)) / "namespace").read_text().strip() or "default"
     except OSError:
         return "default"
 
 
-def api_client():
-    """A client with the pod's ServiceAccount (in a cluster), else the kubeconfig ($KUBECONFIG)."""
-    from kubernetes import client, config
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        pass
-    try:
-        return config.new_client_from_config()
-    except (config.ConfigException, OSError) as e:
-        raise ConfigError(f"no Kubernetes credentials: not in a pod with a ServiceAccount token, and no usable "
-                          f"kubeconfig ({e})") from e
+def service_account_dir(env: Mapping[str, str]) -> str:
+    return env.get(TH_SERVICE_ACCOUNT_DIR, "").strip() or SERVICE_ACCOUNT_DIR
 
 
-def api_error(error: Any) -> str:
-    """The API server's own message from an ApiException, also from a refused WebSocket handshake (whose
-    reason is `Handshake status 400 Bad Request -+-+- {headers} -+-+- {Status JSON}`)."""
-    body = getattr(error, "body", None) or ""
-    reason = str(getattr(error, "reason", "") or "")
-    texts = [body.decode(errors="replace") if isinstance(body, bytes) else str(body)]
-    texts += [part.strip() for part in reversed(reason.split(" -+-+- "))]
-    for text in texts:
-        try:
-            status = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(status, dict) and status.get("kind") == "Status":
-            return f"{status.get('message') or status.get('reason')} (HTTP {status.get('code')})"
-    return reason.split(" -+-+- ")[0] or repr(error)
-
-
-def find_pod(core: Any, namespace: str, label: str, env: Mapping[str, str]) -> Any:
+def find_pod(api: kube_api.Client, namespace: str, label: str, env: Mapping[str, str]) -> dict:
     """The pod named `label`, else the gang's pod whose hostname is `label` (Job and bare pods)."""
-    from kubernetes.client.rest import ApiException
     try:
-        return core.read_namespaced_pod(label, namespace)
-    except ApiException as e:
+        return api.get(f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(label)}")
+    except kube_api.ApiError as e:
         if e.status != 404:
             raise
     job = env.get(keys.TH_JOB_NAME, "").strip()
-    selector = f"{keys.JOB_NAME}={job}" if job else None
-    for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
-        if (pod.spec.hostname or pod.metadata.name) == label:
+    query = f"?{urlencode({'labelSelector': f'{keys.JOB_NAME}={job}'})}" if job else ""
+    for pod in api.get(f"/api/v1/namespaces/{quote(namespace)}/pods{query}").get("items") or []:
+        if ((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"]) == label:
             return pod
     raise LookupError(f"no pod {label!r} in namespace {namespace!r}"
                       + (f", and no pod of gang {job!r} with that hostname" if job else ""))
 
 
-def container_of(pod: Any, wanted: str) -> str:
+def container_of(pod: dict, wanted: str) -> str:
     if wanted:
         return wanted
-    named = (pod.metadata.annotations or {}).get(keys.CONTAINER)
-    return named or pod.spec.containers[0].name
+    named = (pod["metadata"].get("annotations") or {}).get(keys.CONTAINER)
+    return named or pod["spec"]["containers"][0]["name"]
 
 
-def relay_stdin(response: Any) -> None:
-    """Copy our stdin to the remote process; at EOF close its stdin (v5 protocol; v4 has no way to)."""
-    try:
-        while True:
-            data = os.read(0, 65536)
-            if not data:
-                break
-            response.write_stdin(data)
-        response.close_channel(0)
-    except (OSError, ValueError, AttributeError):
-        pass  # no stdin, or the stream is already closed
+def exec_path(namespace: str, pod: str, container: str, command: Sequence[str]) -> str:
+    """The exec API's URL path: every word of the command is its own `command` parameter."""
+    query = [("command", word) for word in command]
+    query += [("container", container), ("stdin", "true"), ("stdout", "true"), ("stderr", "true")]
+    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/exec?{urlencode(query)}"
 
 
 def exit_status(error_channel: str) -> tuple[int, str]:
@@ -242,54 +209,77 @@ def exit_status(error_channel: str) -> tuple[int, str]:
     return EXIT_AGENT_FAILED, status.get("message") or status.get("reason") or "the command failed"
 
 
-def kubexec(call: AgentCall, env: Mapping[str, str]) -> int:
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-    from kubernetes.stream import stream
-    from kubernetes.stream.ws_client import ERROR_CHANNEL
+def write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
+
+def relay(ws: kube_api.WebSocket, stdin: int = 0) -> bytes:
+    """Relay our stdin to the remote command and its stdout and stderr to ours until the server closes the
+    stream; returns what arrived on the error channel (the exit Status). One thread, select(): the TLS socket is
+    never read and written at once from two threads. At our stdin's end the remote stdin is closed where the
+    protocol can (v5); v4 has no way to."""
+    error = b""
+    try:
+        os.fstat(stdin)
+        reading = True
+    except OSError:
+        reading = False  # no stdin at all
+    while not ws.closed:
+        if ws.pending():
+            ready = [ws]
+        else:
+            ready, _, _ = select.select([ws] + ([stdin] if reading else []), [], [])
+        if stdin in ready:
+            data = os.read(stdin, 65536)
+            if data:
+                ws.send(bytes([STDIN]) + data)
+            else:
+                reading = False
+                if ws.protocol == PROTOCOL_V5:
+                    ws.send(bytes([CLOSE_CHANNEL, STDIN]))
+        if ws in ready:
+            for message in ws.receive():
+                if message[:1] in (bytes([STDOUT]), bytes([STDERR])):
+                    write_all(message[0], message[1:])
+                elif message[:1] == bytes([ERROR]):
+                    error += message[1:]
+    return error
+
+
+def kubexec(call: AgentCall, env: Mapping[str, str]) -> int:
     namespace = namespace_of(call, env)
     where = f"pod {namespace}/{call.pod_label}"
     try:
-        api = api_client()
-    except ConfigError as e:
+        api = kube_api.any_client(service_account_dir(env), env)
+    except kube_api.NoCredentials as e:
         return fail(call, str(e))
-    with api:
-        core = client.CoreV1Api(api)
-        try:
-            pod = find_pod(core, namespace, call.pod_label, env)
-        except ApiException as e:
-            hint = (" (bind the trainhook training ClusterRole to this pod's ServiceAccount: it needs get/list on "
-                    "pods and create/get on pods/exec)" if e.status == 403 else "")
-            return fail(call, f"cannot read {where}: {api_error(e)}{hint}")
-        except LookupError as e:
-            return fail(call, str(e))
-        name, container = pod.metadata.name, container_of(pod, call.container)
-        where = f"pod {namespace}/{name} (container {container})"
-        try:
-            response = stream(core.connect_get_namespaced_pod_exec, name, namespace,
-                              command=[REMOTE_SHELL, "-c", call.remote_command], container=container,
-                              stdin=True, stdout=True, stderr=True, tty=False, _preload_content=False,
-                              binary=True)
-        except ApiException as e:
-            phase = getattr(pod.status, "phase", None) or "unknown"
-            node = getattr(pod.spec, "node_name", None) or "no node"
-            return fail(call, f"cannot exec in {where}, phase {phase}, {node}: {api_error(e)}")
-        threading.Thread(target=relay_stdin, args=(response,), daemon=True).start()
-        try:
-            while response.is_open():
-                response.update(timeout=1)
-                for read, fd in ((response.read_stdout, 1), (response.read_stderr, 2)):
-                    data = read(timeout=0) if response.peek_channel(fd) else b""
-                    if data:
-                        os.write(fd, data)
-            for read, fd in ((response.read_stdout, 1), (response.read_stderr, 2)):
-                if response.peek_channel(fd):
-                    os.write(fd, read(timeout=0))
-            raw = response.read_channel(ERROR_CHANNEL)
-        finally:
-            response.close()
-    code, message = exit_status(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
+    try:
+        pod = find_pod(api, namespace, call.pod_label, env)
+    except kube_api.ApiError as e:
+        hint = (" (bind the trainhook training ClusterRole to this pod's ServiceAccount: it needs get/list on "
+                "pods and create/get on pods/exec)" if e.status == 403 else "")
+        return fail(call, f"cannot read {where}: {e}{hint}")
+    except kube_api.KubeError as e:
+        return fail(call, f"cannot read {where}: {e}")
+    except LookupError as e:
+        return fail(call, str(e))
+    name, container = pod["metadata"]["name"], container_of(pod, call.container)
+    where = f"pod {namespace}/{name} (container {container})"
+    try:
+        ws = api.websocket(exec_path(namespace, name, container, [REMOTE_SHELL, "-c", call.remote_command]),
+                           (PROTOCOL_V5, PROTOCOL_V4))
+    except kube_api.KubeError as e:
+        phase = (pod.get("status") or {}).get("phase") or "unknown"
+        node = pod["spec"].get("nodeName") or "no node"
+        return fail(call, f"cannot exec in {where}, phase {phase}, {node}: {e}")
+    try:
+        raw = relay(ws)
+    except OSError as e:
+        return fail(call, f"in {where}: the exec stream broke ({e})")
+    finally:
+        ws.close()
+    code, message = exit_status(raw.decode(errors="replace"))
     if message:
         return fail(call, f"in {where}: {message}")
     return code
@@ -300,7 +290,7 @@ def kubexec(call: AgentCall, env: Mapping[str, str]) -> int:
 def agent_script(transport: str, run_dir: Path | None) -> str:
     """The rsh agent mpirun is pointed at: a shell script (Hydra runs its launcher-exec without arguments)
     that calls this module with the transport the launcher chose."""
-    words = [sys.executable, "-m", "trainhook.launcher.cli", "kubexec", "--transport", transport]
+    words = [*deliver.self_command(), "kubexec", "--transport", transport]
     if run_dir is not None:
         words += ["--run-dir", str(run_dir)]
     return ("#!/bin/sh\n"

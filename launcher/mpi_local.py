@@ -1,24 +1,29 @@
 """The `local` transport: reach another pod of a `trainhook local` run, as `kubectl exec` reaches a cluster's.
 
-A local run keeps every pod's sandbox in RUN_DIR/pods/POD/sandbox.json (trainhook.local.pods), and
-`LocalPod.entry_argv` is the way into a pod: its network namespace, hosts file, hostname, mounts and the
-container's environment. The run directory is found from TRAINHOOK_LOCAL_RUN_DIR when the runner sets it, else
-from this pod's own /etc/hosts, which a local run bind-mounts from RUN_DIR/pods/POD/hosts
-(/proc/self/mountinfo names the source). In a cluster neither exists, so detection never fires there.
+The way into a local pod (its network namespace, hosts file, hostname, mounts and the container's environment)
+is the runner's own `kubectl exec`: the script RUN_DIR/podexec that `trainhook local` writes when a run starts
+(`python -m trainhook.local.podexec RUN_DIR POD -- CMD`, with the runner's Python). The launcher execs it rather
+than importing trainhook.local, because the launcher runs delivered into the pod on the image's Python with the
+standard library only (deliver.py), where trainhook.local does not exist. What the launcher does itself is find
+the pod: mpirun names hosts by hostname, and a Job's pod is not named after its hostname, so the pods' sandbox
+files (RUN_DIR/pods/POD/sandbox.json, plain JSON) are read for their `name` and `hostname`.
+
+The run directory is found from TRAINHOOK_LOCAL_RUN_DIR when the runner sets it, else from this pod's own
+/etc/hosts, which a local run bind-mounts from RUN_DIR/pods/POD/hosts (/proc/self/mountinfo names the source).
+In a cluster neither exists, so detection never fires there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
-
-if TYPE_CHECKING:
-    from trainhook.local.pods import LocalPod
+from typing import Mapping
 
 TH_LOCAL_RUN_DIR = "TRAINHOOK_LOCAL_RUN_DIR"
-SANDBOX_FILE = "sandbox.json"  # trainhook.local.pods.SANDBOX_FILE, without importing the runner in a cluster
+SANDBOX_FILE = "sandbox.json"  # trainhook.local.pods.SANDBOX_FILE
+PODEXEC = "podexec"  # RUN_DIR/podexec, written by trainhook.local.podexec.install
 MOUNTINFO = Path("/proc/self/mountinfo")
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -74,29 +79,38 @@ def local_run_dir(env: Mapping[str, str]) -> Path | None:
     return run_dir_from_hosts()
 
 
-def load_pods(run_dir: Path) -> list[LocalPod]:
-    from trainhook.local.pods import LocalPod
-    return [LocalPod.load(path) for path in sorted((run_dir / "pods").glob(f"*/{SANDBOX_FILE}"))]
+def pod_names(run_dir: Path) -> list[tuple[str, str]]:
+    """(name, hostname) of every pod of the local run, from its sandbox file."""
+    pods = []
+    for path in sorted((run_dir / "pods").glob(f"*/{SANDBOX_FILE}")):
+        try:
+            sandbox = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a pod still being prepared
+        pods.append((sandbox.get("name") or path.parent.name, sandbox.get("hostname") or path.parent.name))
+    return pods
 
 
-def find_pod(run_dir: Path, host: str) -> LocalPod:
-    """The pod whose hostname (or name) is the first label of `host`, e.g. `mpi-worker-1.mpi`."""
+def find_pod(run_dir: Path, host: str) -> str:
+    """The name of the pod whose hostname (or name) is the first label of `host`, e.g. `mpi-worker-1.mpi`."""
     label = host.split(".", 1)[0]
-    pods = load_pods(run_dir)
-    for pod in pods:
-        if label in (pod.hostname, pod.name):
-            return pod
-    names = ", ".join(p.hostname for p in pods) or "none"
+    pods = pod_names(run_dir)
+    for name, hostname in pods:
+        if label in (hostname, name):
+            return name
+    names = ", ".join(hostname for _, hostname in pods) or "none"
     raise LocalPodError(f"no pod with hostname {label!r} in the local run {run_dir} (pods: {names})")
 
 
-def exec_argv(pod: LocalPod, command: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment that run `command` in the pod's training container (kubectl exec)."""
-    spec = pod.training_container
-    return pod.entry_argv(spec, command), dict(spec.env)
+def exec_argv(run_dir: Path, pod: str, command: list[str]) -> list[str]:
+    """The runner's `kubectl exec` for `command` in the pod's training container."""
+    return [str(run_dir / PODEXEC), pod, "--", *command]
 
 
 def exec_in(run_dir: Path, host: str, command: list[str]) -> None:
     """Replace this process with `command` running inside the local pod `host` (never returns)."""
-    argv, env = exec_argv(find_pod(run_dir, host), command)
-    os.execvpe(argv[0], argv, env)
+    argv = exec_argv(run_dir, find_pod(run_dir, host), command)
+    if not os.access(argv[0], os.X_OK):
+        raise LocalPodError(f"the local run {run_dir} has no {argv[0]} (written by `trainhook local` when a run "
+                            f"starts; is this trainhook local older than the launcher?)")
+    os.execv(argv[0], argv)

@@ -7,16 +7,18 @@ nothing writes.
   launcher/coordinator.py's GangState, fed as members would feed it): `size` workers join and rank `rank` exits
   with `code` (rank 0 exiting 0 is success).
 - `outcome.annotations()`: what the launcher writes on the workload.
-- `record(api_client, kind, name, namespace, outcome)`: the launcher's own writer (launcher/outcome_api.py),
-  against a real API server.
+- `record(api_client, kind, name, namespace, outcome)`: the launcher's own writer (launcher/outcome_api.py, on
+  its standard-library client, as the same user as the `kubernetes` ApiClient given), against a real API server.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
+from urllib.parse import urlsplit
 
 from trainhook import keys
-from trainhook.launcher import outcome_api
+from trainhook.launcher import kube_api, outcome_api
 from trainhook.launcher.coordinator import EXITED, GangState, Report
 from trainhook.launcher.gang import parse_gang
 from trainhook.launcher.lifecycle import Outcome, Policy
@@ -38,5 +40,16 @@ def decided(job: str, size: int = 2, rank: int = 0, code: int = 0, namespace: st
     return state.outcome
 
 
+def launcher_client(api_client) -> kube_api.Client:
+    """The launcher's own client (kube_api) for the server and user of a `kubernetes` ApiClient."""
+    config = api_client.configuration
+    context = ssl.create_default_context(cafile=config.ssl_ca_cert)
+    if config.cert_file:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    bearer = (config.api_key or {}).get("authorization", "").partition(" ")[2]
+    url = urlsplit(config.host)
+    return kube_api.Client(url.hostname, url.port or 443, context, (lambda: bearer) if bearer else None)
+
+
 def record(api_client, kind: str, name: str, namespace: str, outcome: Outcome) -> None:
-    outcome_api.record_outcome(api_client, kind, name, namespace, outcome)
+    outcome_api.record_outcome(launcher_client(api_client), kind, name, namespace, outcome)

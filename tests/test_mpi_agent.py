@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainhook.launcher import kubexec, mpi_local
+from trainhook.launcher import kube_api, kubexec, mpi_local
 from trainhook.launcher.gang import ConfigError
 
 # Captured from the real launchers with an agent that logs its argv (OpenMPI 4.1.4's orterun with
@@ -131,20 +131,30 @@ def test_a_pod_finds_its_local_run_from_its_own_hosts_mount(tmp_path):
     assert outside.stdout.strip() == "None"
 
 
-def test_a_local_pod_is_found_by_hostname_and_the_error_lists_the_pods(tmp_path):
+def test_a_local_pod_is_found_by_hostname_and_entered_through_the_runners_podexec(tmp_path):
+    """The launcher reads the sandbox files for names only, and enters the pod with the runner's own `kubectl
+    exec` (RUN_DIR/podexec, written by trainhook.local.podexec.install), never importing trainhook.local."""
+    from trainhook.local.podexec import install
     from trainhook.local.pods import ContainerSpec, LocalPod
     for name, hostname in (("pi-launcher-0-abcde", "pi-launcher-0"), ("pi-worker-0-fghij", "pi-worker-0")):
         pod = LocalPod(name, "default", hostname, "10.244.0.2", "/run/netns/x", "/h", [],
                        [ContainerSpec("mpi", "main", ["true"], {"A": "1"}, training=True)])
         (tmp_path / "pods" / name).mkdir(parents=True)
         pod.save(tmp_path / "pods" / name)
-    found = mpi_local.find_pod(tmp_path, "pi-worker-0.pi")
-    assert found.name == "pi-worker-0-fghij"
-    argv, env = mpi_local.exec_argv(found, ["/bin/sh", "-c", "orted"])
-    assert argv[:2] == ["nsenter", "--net=/run/netns/x"] and argv[-3:] == ["/bin/sh", "-c", "orted"]
-    assert env == {"A": "1"}
+    assert mpi_local.find_pod(tmp_path, "pi-worker-0.pi") == "pi-worker-0-fghij"
+    assert mpi_local.find_pod(tmp_path, "pi-worker-0-fghij") == "pi-worker-0-fghij"
+    assert mpi_local.exec_argv(tmp_path, "pi-worker-0-fghij", ["/bin/sh", "-c", "orted"]) == [
+        str(tmp_path / "podexec"), "pi-worker-0-fghij", "--", "/bin/sh", "-c", "orted"]
     with pytest.raises(mpi_local.LocalPodError, match="no pod with hostname 'pi-worker-9'.*pi-launcher-0, pi-worker-0"):
         mpi_local.find_pod(tmp_path, "pi-worker-9.pi")
+    with pytest.raises(mpi_local.LocalPodError, match="has no .*podexec .*written by `trainhook local`"):
+        mpi_local.exec_in(tmp_path, "pi-worker-0.pi", ["true"])
+    script = install(tmp_path)
+    assert script == tmp_path / "podexec" and os.access(script, os.X_OK)
+    # The script runs the runner's podexec with this Python and the run directory, arguments intact.
+    done = subprocess.run([str(script), "-c", "nope", "pi-worker-0-fghij", "--", "true"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "pod pi-worker-0-fghij has no container 'nope'" in done.stderr
 
 
 # --- The agent script ----------------------------------------------------------------------------------------
@@ -192,10 +202,8 @@ def test_a_cut_stream_is_a_failure_of_the_agent():
     assert kubexec.exit_status("") == (255, "the exec stream closed without an exit status")
 
 
-def test_the_api_servers_message_is_dug_out_of_a_refused_websocket_handshake():
-    class Handshake(Exception):
-        status, body = 0, None
-        reason = ("Handshake status 400 Bad Request -+-+- {'content-type': 'application/json'} -+-+- "
-                  '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pod w-0 does '
-                  'not have a host assigned","reason":"BadRequest","code":400}\n')
-    assert kubexec.api_error(Handshake()) == "pod w-0 does not have a host assigned (HTTP 400)"
+def test_the_api_servers_message_is_taken_from_a_refused_upgrades_status():
+    body = (b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pod w-0 does '
+            b'not have a host assigned","reason":"BadRequest","code":400}\n')
+    assert kube_api.status_message(400, "Bad Request", body) == "pod w-0 does not have a host assigned (HTTP 400)"
+    assert kube_api.status_message(502, "Bad Gateway", b"<html>") == "Bad Gateway (HTTP 502)"

@@ -5,16 +5,35 @@
 The pod's sandbox is read from RUN_DIR/pods/POD/sandbox.json (written when the run starts), and the command
 enters it exactly as the pod's own containers did (`LocalPod.entry_argv`), with the container's environment.
 Needs root, like the run itself. Exits with the command's exit code.
+
+`install` writes RUN_DIR/podexec when a run starts: this command with this Python and RUN_DIR filled in. The
+launcher's `local` MPI transport execs it (launcher/mpi_local.py), since the launcher runs delivered into the
+pod with the standard library only and cannot import trainhook.local.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from trainhook.local.pods import SANDBOX_FILE, LocalPod
+
+
+SCRIPT = "podexec"  # trainhook.launcher.mpi_local.PODEXEC
+
+
+def install(run_dir: Path) -> Path:
+    """Write RUN_DIR/podexec: `RUN_DIR/podexec POD [-c CONTAINER] -- CMD` runs this module with this Python
+    (-I: the pod's PYTHON* variables and working directory do not change which trainhook runs)."""
+    path = run_dir / SCRIPT
+    words = shlex.join([sys.executable, "-I", "-m", "trainhook.local.podexec", str(run_dir)])
+    path.write_text(f"#!/bin/sh\n# Written by trainhook local: kubectl exec for the pods of this run.\n"
+                    f"exec {words} \"$@\"\n")
+    path.chmod(0o755)
+    return path
 
 
 def sandbox_path(run_dir: Path, pod: str) -> Path:

@@ -22,6 +22,7 @@ from trainhook.local.controllers import ADMIN_USER, job_warnings, pod_requests, 
 from trainhook.local.envvars import EnvError, Sources
 from trainhook.local.manifest import JOB, Manifest, type_of
 from trainhook.local.network import HostEntry, Network, hosts_file
+from trainhook.local.podexec import install as install_podexec
 from trainhook.local.pods import LocalPod, build_pod
 from trainhook.local.supervisor import Output, RunResult, Supervisor
 
@@ -131,6 +132,7 @@ def prepare_pods(state: ClusterState, manifest: Manifest, network: Network, run_
         built.save(pod_dir)
         (pod_dir / POD_FILE).write_text(json.dumps(pod, indent=1))  # the stored pod, as a kubelet reads it
         local.append(built)
+    install_podexec(run_dir)  # RUN_DIR/podexec: how the launcher's local MPI transport enters another pod
     return local
 
 
