@@ -386,7 +386,9 @@ class Coordinator:
                 sock, address = self.server.accept()
             except OSError:
                 return
-            peer = address[0].removeprefix("::ffff:")  # an IPv4 peer of the dual-stack socket, as people write it
+            peer = address[0]
+            if peer.startswith("::ffff:"):  # an IPv4 peer of the dual-stack socket, as people write it
+                peer = peer[len("::ffff:"):]
             threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
 
     def _refuse(self, sock: socket.socket, peer: str, why: str) -> None:

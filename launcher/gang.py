@@ -71,7 +71,7 @@ class Gang:
         return tuple(peer for peer in self.peers if peer.rank != self.rank)
 
 
-class Problems(list[str]):
+class Problems(list):  # of str; `list[str]` as a base needs Python 3.9
     """Problems found so far; unset variables are gathered into one entry, as they usually share one cause."""
 
     def __init__(self) -> None:

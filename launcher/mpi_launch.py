@@ -40,12 +40,12 @@ from trainhook.launcher import ending
 from trainhook.launcher import kubexec as kubexec_module
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_worker
+from trainhook.launcher import wiring as mpi
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
 from trainhook.launcher.lifecycle import read_settings
-from trainhook.launcher.run import SignalForwarder, exit_code, wait_for
+from trainhook.launcher.run import SignalForwarder, exit_code, returncode, wait_for
 from trainhook.launcher.wait import describe, why
-from trainhook.webhook.frameworks import mpi
-from trainhook.webhook.gang import Shape
+from trainhook.launcher.wiring import Shape
 
 EXIT_WORKERS_MISSING = 1
 EXIT_SETUP_FAILED = 2  # what the CLI exits with on a ConfigError; the workers get the same
@@ -238,7 +238,7 @@ def run_mpi(argv: Sequence[str], env: Mapping[str, str], links: Sequence[control
             forward.attach(child)
             watch.start()
             status = wait_for(child.pid, reap_all=os.getpid() == 1)
-            child.returncode = os.waitstatus_to_exitcode(status)
+            child.returncode = returncode(status)
             return exit_code(status), bool(watch.lost)
         finally:
             watch.finish()

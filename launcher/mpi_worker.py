@@ -32,7 +32,7 @@ from trainhook.launcher import mpi_control as control
 from trainhook.launcher.gang import ConfigError, Gang
 from trainhook.launcher.run import exit_code
 from trainhook.launcher.wait import listen
-from trainhook.webhook.frameworks.mpi import TH_MPI_SLOTS
+from trainhook.launcher.wiring import TH_MPI_SLOTS
 
 STOP_GRACE = 5.0
 POLL = 0.25

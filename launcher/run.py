@@ -38,6 +38,14 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def returncode(status: int) -> int:
+    """A wait status as Popen.returncode reports it (-N for signal N): os.waitstatus_to_exitcode, which Python
+    3.8 lacks (the launcher runs on the image's own Python)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
 def reap_exited() -> None:
     """Collect every child that has already exited (orphans re-parented to us), without blocking."""
     while True:
@@ -110,7 +118,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> in
             return EXIT_CANNOT_EXECUTE
         forward.attach(child)
         status = wait_for(child.pid, reap_all=os.getpid() == 1)
-        child.returncode = os.waitstatus_to_exitcode(status)  # collected here: Popen must not wait again
+        child.returncode = returncode(status)  # collected here: Popen must not wait again
         return exit_code(status)
 
 
@@ -140,8 +148,8 @@ class Training:
             # Its own process group (not session: a container's processes share its session, which is how
             # `trainhook local` ends a container whole, as a runtime does).
             if sys.version_info >= (3, 11):
-                self.proc = subprocess.Popen(self.argv, env=self.env, process_group=0)
-            else:  # pragma: no cover - Python 3.10
+                self.proc = subprocess.Popen(self.argv, env=self.env, process_group=0)  # novm (3.11 checked)
+            else:  # Python 3.8 to 3.10, an image's
                 self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=os.setpgrp)
         except FileNotFoundError:
             print(f"trainhook-launch: command not found: {self.argv[0]}", file=sys.stderr, flush=True)
@@ -156,7 +164,7 @@ class Training:
     def _wait(self) -> None:
         assert self.proc is not None
         status = wait_for(self.proc.pid, reap_all=os.getpid() == 1)
-        self.proc.returncode = os.waitstatus_to_exitcode(status)  # collected here: Popen must not wait again
+        self.proc.returncode = returncode(status)  # collected here: Popen must not wait again
         self.kill_group()  # what the command left behind goes with it, so no stale peer outlives an attempt
         self.on_exit(exit_code(status))
 

@@ -5,7 +5,7 @@ For images whose entrypoint builds TF_CONFIG itself (or writes it to a file), e.
     export TF_CONFIG="$(trainhook-launch tf-config)" && python train.py
 
 The JSON is the webhook's own: the cluster and the serialization come from the same pure functions
-(`trainhook.webhook.frameworks.tensorflow`), so the printed value is byte for byte what the webhook injects.
+(`trainhook.launcher.wiring`, which the webhook imports), so the printed value is byte for byte what it injects.
 A gang of one pod, which the webhook gives no TF_CONFIG (Kubeflow's rule), prints `{}`: TensorFlow reads that
 as "no cluster" and trains locally, where an empty string would make its json.loads fail.
 """
@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from trainhook import keys
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang, parse_pairs
-from trainhook.webhook.frameworks.tensorflow import TF_CONFIG, cluster_spec, tf_config
+from trainhook.launcher.wiring import TF_CONFIG, cluster_spec, tf_config
 
 NO_CLUSTER = "{}"
 

@@ -1,0 +1,269 @@
+"""The in-pod module set runs anywhere a Python 3.8+ does, with the standard library alone.
+
+The launcher is delivered into the user's own training image and run by that image's Python (deliver.py): the
+set is trainhook/__init__.py, trainhook/keys.py and every module of launcher/ (installed as trainhook.launcher).
+What holds it:
+- every import in the set (inside functions too) is of the standard library or of the set itself;
+- the set is Python 3.8 (vermin finds the library features newer than that; ast.parse with feature_version
+  the syntax; a scan of the syntax tree the generics that are evaluated at run time, which vermin misses);
+- a zip of the set runs real commands with `python -I -S` (no site-packages at all) under every interpreter
+  here: /root/.pyenv's 3.8 when present, and this one.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import trainhook
+import trainhook.launcher
+
+TOP = Path(trainhook.__file__).parent
+LAUNCHER = Path(trainhook.launcher.__file__).parent
+# Imports that leave the set on purpose, each with why it is safe.
+ALLOWED = {
+    # trainhook.TrainingClient, the SDK, loaded on first attribute access (PEP 562); the launcher never asks.
+    ("trainhook/__init__.py", "trainhook.sdk"),
+}
+PYTHONS = sorted(glob.glob("/root/.pyenv/versions/3.8*/bin/python")) + [sys.executable]
+
+
+def in_pod_set() -> dict[str, Path]:
+    """Module name -> source file, for every module of the in-pod set."""
+    modules = {"trainhook": TOP / "__init__.py", "trainhook.keys": TOP / "keys.py"}
+    for path in sorted(LAUNCHER.glob("*.py")):
+        modules["trainhook.launcher" if path.stem == "__init__" else f"trainhook.launcher.{path.stem}"] = path
+    return modules
+
+
+def zip_name(module: str) -> str:
+    """The module's path in the zip (the installed package layout)."""
+    parts = module.split(".")
+    return "/".join(parts) + ("/__init__.py" if module in ("trainhook", "trainhook.launcher") else ".py")
+
+
+def build_launcher_zip(path: Path) -> Path:
+    """The delivered launcher: the set in the package layout and a __main__ that runs trainhook-launch."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("__main__.py", "import sys\nfrom trainhook.launcher.cli import main\nsys.exit(main())\n")
+        for module, source in in_pod_set().items():
+            archive.write(source, zip_name(module))
+    return path
+
+
+def relative(path: Path) -> str:
+    return f"trainhook/{path.name}" if path.parent == TOP else f"launcher/{path.name}"
+
+
+# --- only the standard library -----------------------------------------------------------------------------------
+
+def type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:` (never run)."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            skipped.update(id(child) for statement in node.body for child in ast.walk(statement))
+    return skipped
+
+
+PACKAGES = ("trainhook", "trainhook.launcher")
+
+
+def imported_modules(tree: ast.Module, package: str) -> list[str]:
+    """Every module an `import` or `from` anywhere in the tree loads, relative imports resolved against
+    `package`. `from P import N` loads P.N when P is one of our packages (their __init__ defines nothing to
+    import), else P."""
+    skipped, names = type_checking_only(tree), []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            base = ".".join(parts + ([node.module] if node.module else []))
+            names += [f"{base}.{alias.name}" if base in PACKAGES else base for alias in node.names]
+    return names
+
+
+def test_every_import_of_the_in_pod_set_is_the_standard_library_or_the_set():
+    modules = in_pod_set()
+    assert "trainhook.launcher.cli" in modules and "trainhook.launcher.kube_api" in modules
+    outside = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for name in imported_modules(tree, package):
+            top = name.split(".")[0]
+            if name in modules or (top in sys.stdlib_module_names and top != "trainhook"):
+                continue
+            if (relative(path), name) not in ALLOWED:
+                outside.append(f"{relative(path)}: {name}")
+        text = path.read_text()
+        assert "import_module(" not in text and "__import__(" not in text, f"{path}: a dynamic import"
+    assert outside == [], "the in-pod set imports outside the standard library and itself"
+
+
+def test_the_scan_sees_imports_inside_functions_and_from_packages():
+    tree = ast.parse("def f():\n    import yaml\n    from trainhook.launcher import kube_api, nothing\n"
+                     "from trainhook import keys, sdk\nif TYPE_CHECKING:\n    import kubernetes\n")
+    assert imported_modules(tree, "trainhook.launcher") == [
+        "trainhook.keys", "trainhook.sdk", "yaml", "trainhook.launcher.kube_api", "trainhook.launcher.nothing"]
+    relative = ast.parse("from . import run\nfrom .gang import Gang\nfrom .. import keys\n")
+    assert imported_modules(relative, "trainhook.launcher") == [
+        "trainhook.launcher.run", "trainhook.launcher.gang", "trainhook.keys"]
+
+
+# --- Python 3.8 ------------------------------------------------------------------------------------------------
+
+def annotation_nodes(tree: ast.Module) -> set[int]:
+    """ids of every node inside an annotation (never evaluated: the set uses `from __future__ import annotations`)."""
+    found = set()
+    for node in ast.walk(tree):
+        annotations = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            annotations = [node.returns] + [a.annotation for a in arguments.posonlyargs + arguments.args
+                                            + arguments.kwonlyargs + [arguments.vararg, arguments.kwarg] if a]
+        elif isinstance(node, ast.AnnAssign):
+            annotations = [node.annotation]
+        for annotation in annotations:
+            if annotation is not None:
+                found.update(id(child) for child in ast.walk(annotation))
+    return found
+
+
+def runtime_generics(tree: ast.Module) -> list[str]:
+    """`list[str]` and friends where Python evaluates them (a base class, an alias, a call): 3.9 and newer."""
+    skipped = annotation_nodes(tree)
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Subscript) and id(node) not in skipped and isinstance(node.value, ast.Name)
+            and node.value.id in ("list", "dict", "tuple", "set", "frozenset", "type")]
+
+
+@pytest.mark.parametrize("module", sorted(in_pod_set()))
+def test_each_module_is_python_38_syntax_with_unevaluated_annotations(module):
+    path = in_pod_set()[module]
+    tree = ast.parse(path.read_text(), str(path), feature_version=(3, 8))
+    annotated = bool(annotation_nodes(tree))
+    future = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
+                 any(a.name == "annotations" for a in n.names) for n in tree.body)
+    assert future or not annotated, f"{path}: annotations without `from __future__ import annotations`"
+    assert runtime_generics(tree) == [], f"{path}: builtin generics evaluated at run time need Python 3.9"
+
+
+def test_runtime_generics_are_found_and_annotations_are_not():
+    tree = ast.parse("class P(list[str]):\n    x: dict[str, int] = {}\n    def f(self, a: set[int]) -> tuple[int]:\n"
+                     "        return cast(dict[str, int], a)\n")
+    assert runtime_generics(tree) == ["line 1: list[str]", "line 4: dict[str, int]"]
+
+
+def test_vermin_finds_nothing_newer_than_python_38():
+    """vermin (a test extra) knows which version brought each module, function and keyword; `# novm` marks a
+    line it cannot see is guarded by a version check."""
+    paths = [str(path) for path in in_pod_set().values()]
+    run_vermin = "import sys; from vermin import main; sys.exit(main())"
+    done = subprocess.run([sys.executable, "-c", run_vermin, "-t=3.8-", "--violations", "--no-tips", *paths],
+                          capture_output=True, text=True, timeout=300)
+    if "No module named 'vermin'" in done.stderr:
+        pytest.fail("vermin is not installed: pip install -e '.[test]'")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Minimum required versions: 3.8" in done.stdout, done.stdout
+
+
+# --- the zip, run --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def launcher_zip(tmp_path_factory) -> Path:
+    return build_launcher_zip(tmp_path_factory.mktemp("delivered") / "launcher.pyz")
+
+
+def python_id(python: str) -> str:
+    return "this-python" if python == sys.executable else Path(python).parent.parent.name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(python: str, launcher_zip: Path, *args: str, env: dict | None = None, timeout: float = 60):
+    """`python -I -S launcher.pyz ARGS`, with nothing but PATH and `env` (as a container would start it)."""
+    return subprocess.run([python, "-I", "-S", str(launcher_zip), *args], capture_output=True, text=True,
+                          timeout=timeout, env={"PATH": os.environ["PATH"], **(env or {})})
+
+
+def gang(framework: str, job: str, replicas: str, hosts: str, role: str, index: int, **more: str) -> dict:
+    return {"TRAINHOOK_FRAMEWORK": framework, "TRAINHOOK_JOB_NAME": job, "TRAINHOOK_NAMESPACE": "team-a",
+            "TRAINHOOK_REPLICAS": replicas, "TRAINHOOK_HOSTS": hosts, "TRAINHOOK_SUBDOMAIN": job,
+            "TRAINHOOK_ROLE": role, "TRAINHOOK_INDEX": str(index), **more}
+
+
+@pytest.fixture(params=PYTHONS, ids=python_id)
+def python(request) -> str:
+    return request.param
+
+
+def test_the_zip_runs_a_command_and_exits_with_its_code(python, launcher_zip):
+    done = launch(python, launcher_zip, "run", "--", "sh", "-c", "echo from the image; exit 3")
+    assert (done.returncode, done.stdout) == (3, "from the image\n"), done.stderr
+    missing = launch(python, launcher_zip, "run", "--", "no-such-command")
+    assert missing.returncode == 127
+    assert missing.stderr.strip() == "trainhook-launch: command not found: no-such-command"
+
+
+def test_the_zip_prints_kubeflows_tf_config(python, launcher_zip):
+    env = gang("tensorflow", "t", "chief=1,worker=2", "chief=t-chief,worker=t-worker", "worker", 1,
+               TRAINHOOK_PORT="2222")
+    done = launch(python, launcher_zip, "tf-config", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ('{"cluster":{"chief":["t-chief-0.t:2222"],"worker":["t-worker-0.t:2222",'
+                           '"t-worker-1.t:2222"]},"task":{"type":"worker","index":1},"environment":"cloud"}\n')
+
+
+def test_the_zip_waits_and_names_who_is_missing(python, launcher_zip):
+    """No gang name resolves here (no cluster DNS), so the dns wait runs to its deadline and names everyone."""
+    env = gang("pytorch", "w", "master=1,worker=1", "master=w-master,worker=w-worker", "master", 0)
+    off = launch(python, launcher_zip, "wait", "--mode", "none", env=env)
+    assert (off.returncode, off.stdout) == (0, "trainhook-launch wait: gang wait is off (none); not waiting\n")
+    dns = launch(python, launcher_zip, "wait", "--mode", "dns", "--timeout", "1", env=env)
+    assert dns.returncode == 1
+    assert dns.stderr == ("trainhook-launch wait: gave up after 1s: 2 of 2 members missing: rank 0 (master-0 at "
+                          "w-master-0.w): its address does not resolve; rank 1 (worker-0 at w-worker-0.w): its "
+                          "address does not resolve\n")
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_gang_run_from_the_zip_ends_saying_the_outcome_api_is_out_of_reach(python, launcher_zip, code):
+    env = gang("pytorch", "solo", "worker=1", "worker=solo", "worker", 0, TRAINHOOK_RANK="0",
+               TRAINHOOK_GANG_TOKEN="0" * 64, TRAINHOOK_COORDINATOR_PORT=str(free_port()),
+               TRAINHOOK_WORKLOAD="Job/solo", TRAINHOOK_RESTART_POLICY="Never")
+    done = launch(python, launcher_zip, "run", "--", "sh", "-c", f"echo training; exit {code}", env=env)
+    assert (done.returncode, done.stdout) == (code, "training\n"), done.stderr
+    assert ("the outcome is not recorded on Job/solo: not in a Kubernetes pod (no KUBERNETES_SERVICE_HOST)"
+            in done.stderr), done.stderr
+
+
+def test_the_zip_execs_in_a_pod_over_the_websocket(python, launcher_zip, tmp_path):
+    from exec_double import ExecServer
+    server = ExecServer(tmp_path / "serviceaccount")
+    try:
+        done = subprocess.run([python, "-I", "-S", str(launcher_zip), "kubexec", "--transport", "kubexec",
+                               "w-0.pi", "exit", "7"], input=b"hi\n", capture_output=True, timeout=60,
+                              env={"PATH": os.environ["PATH"], **server.env})
+    finally:
+        server.stop()
+    assert done.returncode == 7, done.stderr
+    assert done.stdout.startswith(b"HI\ndone\n") and done.stderr == b"warning\n"
+    assert json.loads(json.dumps(server.requests[0]["query"]))[:3] == [["command", "/bin/sh"], ["command", "-c"],
+                                                                       ["command", "exit 7"]]
