@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from trainhook import keys
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang, parse_pairs
-from trainhook.launcher.wiring import TF_CONFIG, cluster_spec, tf_config
+from trainhook.launcher.wiring import cluster_spec, tf_config
 
 NO_CLUSTER = "{}"
 

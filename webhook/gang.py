@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from trainhook import keys
+# Shape's one copy is the launcher's (it runs on an image's Python, without the webhook); used and re-exported here.
+from trainhook.launcher.wiring import Shape
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -42,36 +44,6 @@ class Denied(Exception):
         super().__init__("; ".join(problems))
         self.problems = list(problems)
         self.keys = list(problems.keys)
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The gang's roles and replica counts, in rank order (master/chief first, as Kubeflow ranks them)."""
-
-    counts: tuple[tuple[str, int], ...]
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        return tuple(role for role, _ in self.counts)
-
-    @property
-    def size(self) -> int:
-        return sum(count for _, count in self.counts)
-
-    def count(self, role: str) -> int:
-        return dict(self.counts).get(role, 0)
-
-    def first_rank(self, role: str) -> int:
-        """The global rank of index 0 of `role`: the sizes of the roles ranked before it."""
-        rank = 0
-        for name, count in self.counts:
-            if name == role:
-                return rank
-            rank += count
-        raise KeyError(role)
-
-    def __str__(self) -> str:
-        return ",".join(f"{role}={count}" for role, count in self.counts)
 
 
 # The most pods one gang may have. Why a limit: TensorFlow's TF_CONFIG, MXNet's MX_CONFIG and XGBoost's

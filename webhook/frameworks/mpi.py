@@ -27,80 +27,20 @@ objects, so there is no ConfigMap): `mutate_pod_spec` gives the training contain
 at /etc/mpi. Workers need it too: OpenMPI's orted refuses to start where the plm_rsh_agent path it is handed
 does not exist, so `mpi-worker` installs the same agent there (Kubeflow v1 mounts kubexec.sh in its workers for
 the same reason).
-`hostfile` and `is_launcher` are pure and shared with the launcher, so both sides agree on formats and roles.
+The variable names, `hostfile`, `launcher_env` and `is_launcher` are pure and shared with the launcher, so both
+sides agree on formats and roles: they live on the launcher's side (trainhook.launcher.wiring), which runs on an
+image's Python with the standard library only, and are imported here.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from trainhook import keys
+from trainhook.launcher.wiring import (CONFIG_MOUNT_PATH, CONFIG_VOLUME, IMPLEMENTATIONS, K_MPI_JOB_ROLE, LAUNCHER,
+                                       OPENMPI, TH_MPI_SLOTS, WORKER, is_launcher, launcher_env)
+from trainhook.launcher.wiring import INTEL, MPICH, hostfile  # noqa: F401  (re-exported: MPI's module names them)
 from trainhook.webhook.gang import Member, Problems, Shape
 
 MPI_IMPLEMENTATION, SLOTS_PER_WORKER = keys.MPI_IMPLEMENTATION, keys.SLOTS_PER_WORKER
-
-LAUNCHER, WORKER = "launcher", "worker"
-OPENMPI, INTEL, MPICH = "OpenMPI", "Intel", "MPICH"
-IMPLEMENTATIONS = (OPENMPI, INTEL, MPICH)
-
-# Kubeflow's /etc/mpi: the volume name, its mount path and the two files the launcher writes there.
-CONFIG_VOLUME = "mpi-job-config"
-CONFIG_MOUNT_PATH = "/etc/mpi"
-HOSTFILE_PATH = f"{CONFIG_MOUNT_PATH}/hostfile"
-AGENT_PATH = f"{CONFIG_MOUNT_PATH}/kubexec.sh"
-
-# mpi-operator v2: the pod's MPI role, on launchers and workers.
-K_MPI_JOB_ROLE = "K_MPI_JOB_ROLE"
-# OpenMPI (read by mpirun/orterun as MCA parameters).
-OMPI_KEEP_FQDN = "OMPI_MCA_orte_keep_fqdn_hostnames"
-OMPI_HOSTFILE = "OMPI_MCA_orte_default_hostfile"
-OMPI_RSH_AGENT = "OMPI_MCA_plm_rsh_agent"
-OMPI_DEFAULT_SLOTS = "OMPI_MCA_orte_set_default_slots"
-# Intel MPI (read by Intel's mpiexec.hydra).
-I_MPI_HOST_FILE = "I_MPI_HYDRA_HOST_FILE"
-I_MPI_BOOTSTRAP = "I_MPI_HYDRA_BOOTSTRAP"
-I_MPI_BOOTSTRAP_EXEC = "I_MPI_HYDRA_BOOTSTRAP_EXEC"
-I_MPI_PERHOST = "I_MPI_PERHOST"
-# MPICH (read by MPICH's mpiexec, Hydra).
-HYDRA_HOST_FILE = "HYDRA_HOST_FILE"
-HYDRA_LAUNCHER = "HYDRA_LAUNCHER"
-HYDRA_LAUNCHER_EXEC = "HYDRA_LAUNCHER_EXEC"
-# Set empty on a launcher without GPUs, so a node runtime that exposes every GPU by default gives it none.
-NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-NVIDIA_DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
-
-# trainhook's own, read by `trainhook-launch mpirun` / `mpi-worker`: the implementation (launcher only) and this
-# pod's slots (every pod: a worker reports its own to the launcher, which writes them into the hostfile).
-TH_MPI_IMPLEMENTATION = "TRAINHOOK_MPI_IMPLEMENTATION"
-TH_MPI_SLOTS = "TRAINHOOK_MPI_SLOTS"
-
-# Per implementation: (hostfile variable, agent variable, slots variable or "") as the launcher reads them.
-FILE_VARIABLES: dict[str, tuple[str, str, str]] = {
-    OPENMPI: (OMPI_HOSTFILE, OMPI_RSH_AGENT, OMPI_DEFAULT_SLOTS),
-    INTEL: (I_MPI_HOST_FILE, I_MPI_BOOTSTRAP_EXEC, I_MPI_PERHOST),
-    MPICH: (HYDRA_HOST_FILE, HYDRA_LAUNCHER_EXEC, ""),
-}
-
-
-def is_launcher(role: str, index: int, shape: Shape) -> bool:
-    """The pod that runs mpirun: the launcher, or worker 0 in a gang without a launcher role."""
-    if role == LAUNCHER:
-        return True
-    return role == WORKER and index == 0 and shape.count(LAUNCHER) == 0
-
-
-def launcher_is_worker(shape: Shape) -> bool:
-    return shape.count(LAUNCHER) == 0
-
-
-def hostfile_line(address: str, slots: int, implementation: str) -> str:
-    """One host: OpenMPI's `host slots=N`; Intel's and MPICH's `host:N` (MPICH refuses `slots=`)."""
-    return f"{address} slots={slots}" if implementation == OPENMPI else f"{address}:{slots}"
-
-
-def hostfile(hosts: Sequence[tuple[str, int]], implementation: str) -> str:
-    """The hostfile for (address, slots) pairs, in the order given (the worker index order)."""
-    return "".join(hostfile_line(address, slots, implementation) + "\n" for address, slots in hosts)
 
 
 def implementation_of(member: Member, problems: Problems) -> str:
@@ -139,22 +79,6 @@ def check_shape(shape: Shape, problems: Problems) -> None:
     if shape.count(WORKER) < 1:
         problems.add(keys.REPLICAS, text, "an MPI gang needs workers (the hosts of the hostfile)",
                      "add worker=N with N >= 1")
-
-
-def launcher_env(implementation: str, slots: int, gpus: int) -> list[tuple[str, str]]:
-    """The launcher's variables for one implementation, in Kubeflow's order."""
-    env = [(K_MPI_JOB_ROLE, LAUNCHER)]
-    if implementation == OPENMPI:
-        env += [(OMPI_KEEP_FQDN, "true"), (OMPI_HOSTFILE, HOSTFILE_PATH), (OMPI_RSH_AGENT, AGENT_PATH),
-                (OMPI_DEFAULT_SLOTS, str(slots))]
-    elif implementation == INTEL:
-        env += [(I_MPI_HOST_FILE, HOSTFILE_PATH), (I_MPI_BOOTSTRAP, "rsh"), (I_MPI_BOOTSTRAP_EXEC, AGENT_PATH),
-                (I_MPI_PERHOST, str(slots))]
-    else:
-        env += [(HYDRA_HOST_FILE, HOSTFILE_PATH), (HYDRA_LAUNCHER, "rsh"), (HYDRA_LAUNCHER_EXEC, AGENT_PATH)]
-    if gpus == 0:
-        env += [(NVIDIA_VISIBLE_DEVICES, ""), (NVIDIA_DRIVER_CAPABILITIES, "")]
-    return env + [(TH_MPI_IMPLEMENTATION, implementation), (TH_MPI_SLOTS, str(slots))]
 
 
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:

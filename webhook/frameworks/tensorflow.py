@@ -15,37 +15,18 @@ tensorflow.go, `genTFConfigJSONStr` and `genClusterSpec`), byte for byte apart f
   gRPC server for a cluster of one.
 
 `cluster_spec` and `tf_config` are pure and shared with `trainhook-launch tf-config`, so the launcher prints
-exactly what the webhook injects.
+exactly what the webhook injects: they live on the launcher's side (trainhook.launcher.wiring), which runs on an
+image's Python with the standard library only, and are imported here.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Mapping, Sequence
-
 from trainhook import keys
+from trainhook.launcher.wiring import TF_CONFIG, cluster_spec, tf_config
 from trainhook.webhook.gang import Member, Problems, Shape
 
-# Set by the webhook on the training container of every pod of a tensorflow gang of two or more pods; read by
-# TensorFlow's TFConfigClusterResolver (and by code written for a Kubeflow TFJob).
-TF_CONFIG = "TF_CONFIG"
-# Kubeflow sets it so that TensorFlow <= 1.3's tf.contrib.learn does not assume a local run; kept for parity.
-ENVIRONMENT = "cloud"
 # Roles TensorFlow allows at most one task of (its multi_worker_util._validate_cluster_spec refuses more).
 SINGLE_TASK_ROLES = ("chief", "master", "evaluator")
-
-
-def cluster_spec(addresses: Mapping[str, Sequence[str]], port: int) -> dict[str, list[str]]:
-    """The `cluster` of TF_CONFIG: role -> [`address:port`, ...], roles sorted by name (Go's map order)."""
-    return {role: [f"{address}:{port}" for address in addresses[role]] for role in sorted(addresses)}
-
-
-def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> str:
-    """TF_CONFIG as Kubeflow's controller serializes it: compact JSON, fields in its struct order."""
-    config = {"cluster": {role: list(cluster[role]) for role in cluster},
-              "task": {"type": task_type, "index": index},
-              "environment": ENVIRONMENT}
-    return json.dumps(config, separators=(",", ":"))
 
 
 def is_distributed(shape: Shape) -> bool:
