@@ -128,18 +128,22 @@ class Client:
                 f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13",
                 f"Sec-WebSocket-Protocol: {', '.join(protocols)}"]
         head += [f"{name}: {value}" for name, value in self.headers().items()]
+        sock = None
         try:
-            raw = socket.create_connection((self.host, self.port), timeout=self.timeout)
-            sock = self.context.wrap_socket(raw, server_hostname=self.host)
+            sock = self.context.wrap_socket(socket.create_connection((self.host, self.port), timeout=self.timeout),
+                                            server_hostname=self.host)
             sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
             code, reason, headers, rest = read_head(sock)
             if code != 101:
                 raise ApiError(code, status_message(code, reason, read_body(sock, headers, rest)))
-        except (OSError, ValueError) as e:
+            if headers.get("sec-websocket-accept") != accept_key(key):
+                raise Unreachable(f"the API server at {self.where} answered the websocket upgrade wrongly")
+        except (OSError, ValueError, KubeError) as e:
+            if sock is not None:
+                sock.close()
+            if isinstance(e, KubeError):
+                raise
             raise Unreachable(f"the API server at {self.where} is not reachable ({e})") from e
-        if headers.get("sec-websocket-accept") != accept_key(key):
-            sock.close()
-            raise Unreachable(f"the API server at {self.where} answered the websocket upgrade wrongly")
         sock.settimeout(None)  # an exec runs as long as its command
         return WebSocket(sock, headers.get("sec-websocket-protocol", ""), rest)
 
