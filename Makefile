@@ -72,3 +72,23 @@ cluster-up: install k8s-build  ## start a local v1.20 control plane; prints `exp
 
 cluster-down:  ## stop what cluster-up started
 	$(PYTHON) hack/cluster.py down
+
+# -- A real node (docs/control-plane.md): kubelet, containerd, pod network, cluster DNS, the chart by Helm -------
+.PHONY: node-build node-images node-up node-down e2e
+NODE := $(BIN)/python hack/node.py
+
+node-build:  ## kubelet, kube-proxy, kubectl and pause besides the control plane (once; cached in ~/.cache/trainhook)
+	bash hack/k8s-build.sh all
+
+node-images: install node-build  ## the node's images, built here from images/ (cached by input hash in ~/.cache/trainhook/images)
+	$(BIN)/python hack/images.py build >/dev/null
+
+node-up: install node-images  ## start the node (root); prints `export KUBECONFIG=... PATH=...`
+	$(NODE) up
+
+node-down:  ## stop the node: every process by PID, mounts, cgroups, iptables, bridge, sysctls (safe twice)
+	$(PYTHON) hack/node.py down
+
+e2e: install node-images  ## bring the node up, run tests/e2e, bring it down (whatever the tests did)
+	$(NODE) up >/dev/null
+	$(BIN)/python -m pytest -q tests/e2e; rc=$$?; $(PYTHON) hack/node.py down; exit $$rc

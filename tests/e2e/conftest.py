@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -29,11 +30,34 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: needs the real node (hack/node.py: root, containerd, kubelet)")
 
 
+HERE = Path(__file__).parent
+# The node this session started, if any: stopped right after the last e2e test, not at the end of the whole
+# session, so the rest of `make test` does not share the 2 cores with an idle cluster.
+_started: dict[str, Path] = {}
+
+
+def _is_e2e(item) -> bool:
+    return item is not None and HERE in Path(item.fspath).parents
+
+
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
     for item in items:
-        if here in Path(item.fspath).parents:
+        if _is_e2e(item):
             item.add_marker(pytest.mark.e2e)
+
+
+def _stop_started_node() -> None:
+    state_dir = _started.pop("state_dir", None)
+    if state_dir is not None:
+        t0 = time.monotonic()
+        node_mod.ensure_down(state_dir)
+        print(f"\nnode: stopped in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if _is_e2e(item) and not _is_e2e(nextitem):
+        _stop_started_node()
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +66,9 @@ def node():
         pytest.skip("TRAINHOOK_E2E=0")
     if os.geteuid() != 0:
         pytest.skip("the node needs root (bridge, iptables, cgroups, mounts)")
+    missing = [c for c in ("containerd", "buildah", "debootstrap", "iptables") if not shutil.which(c)]
+    if missing:  # .ci/run installs them and checks that they are there, so CI never skips for this
+        pytest.skip(f"the node needs {', '.join(missing)} (see .ci/run for the Debian packages)")
     state_dir = node_mod.default_state_dir()
     started, t0 = None, time.monotonic()
     try:
@@ -49,11 +76,12 @@ def node():
     except node_mod.cluster.ClusterError as e:
         pytest.fail(f"the node did not come up: {e}")
     print(f"\nnode: {'started' if started else 'already up'} in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    if started:
+        _started["state_dir"] = state_dir
     try:
         yield Cluster(running)
     finally:
-        if started:
-            node_mod.ensure_down(state_dir)
+        _stop_started_node()
 
 
 @pytest.fixture(scope="session")
