@@ -16,7 +16,8 @@ from trainhook.launcher.lifecycle import Outcome
 KINDS = ("StatefulSet", "Job")
 PATHS = {"StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}",
          "Job": "/apis/batch/v1/namespaces/{namespace}/jobs/{name}"}
-FORBIDDEN_HINT = ": bind the pod's ServiceAccount to the chart's training ClusterRole (values trainingServiceAccounts)"
+FORBIDDEN_HINT = (": bind the pod's ServiceAccount to the chart's training ClusterRole (values trainingNamespaces or "
+                  "trainingServiceAccounts)")
 
 
 class Unavailable(Exception):

@@ -85,7 +85,8 @@ def test_a_jobs_outcome_is_recorded_too(workloads):
 def test_without_the_role_every_call_is_refused_in_the_servers_words_with_the_fix(workloads):
     _, ns, _, nobody = workloads
     user = f"system:serviceaccount:{ns}:nobody"
-    fix = ": bind the pod's ServiceAccount to the chart's training ClusterRole (values trainingServiceAccounts)"
+    fix = (": bind the pod's ServiceAccount to the chart's training ClusterRole (values trainingNamespaces or "
+           "trainingServiceAccounts)")
     for call, verb, resource in (
             (lambda: outcome_api.read_outcome(nobody, "StatefulSet", "train", ns), "get", "statefulsets"),
             (lambda: outcome_api.record_outcome(nobody, "Job", "train", ns, OUTCOME), "patch", "jobs"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import glob
+import io
 import json
 import os
 import socket
@@ -26,6 +27,7 @@ import pytest
 
 import trainhook
 import trainhook.launcher
+from trainhook.launcher import deliver
 
 TOP = Path(trainhook.__file__).parent
 LAUNCHER = Path(trainhook.launcher.__file__).parent
@@ -45,19 +47,18 @@ def in_pod_set() -> dict[str, Path]:
     return modules
 
 
-def zip_name(module: str) -> str:
-    """The module's path in the zip (the installed package layout)."""
-    parts = module.split(".")
-    return "/".join(parts) + ("/__init__.py" if module in ("trainhook", "trainhook.launcher") else ".py")
-
-
 def build_launcher_zip(path: Path) -> Path:
-    """The delivered launcher: the set in the package layout and a __main__ that runs trainhook-launch."""
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("__main__.py", "import sys\nfrom trainhook.launcher.cli import main\nsys.exit(main())\n")
-        for module, source in in_pod_set().items():
-            archive.write(source, zip_name(module))
+    """The delivered launcher, as the init container writes it (launcher/deliver.py): the set in the package
+    layout and a __main__ that checks the Python version, then runs trainhook-launch."""
+    path.write_bytes(deliver.build_zip())
     return path
+
+
+def test_the_delivered_zip_holds_exactly_the_in_pod_set():
+    names = set(zipfile.ZipFile(io.BytesIO(deliver.build_zip())).namelist())
+    expected = {("/".join(m.split(".")) + ("/__init__.py" if m in ("trainhook", "trainhook.launcher") else ".py"))
+                for m in in_pod_set()}
+    assert names == expected | {"__main__.py"}
 
 
 def relative(path: Path) -> str:
