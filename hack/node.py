@@ -140,32 +140,24 @@ def _wait(node: Node, what: str, ready, timeout: float, component: str) -> None:
         time.sleep(0.3)
 
 
-def _ctr(paths: cfg.NodePaths, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ctr", "--address", str(paths.containerd_socket), "--namespace", "k8s.io", *args],
-                          capture_output=True, text=True, check=check)
-
-
-def _remove_containers(paths: cfg.NodePaths) -> int:
-    """Kill and delete every container in containerd's k8s.io namespace (pods left by a crash, or at `down`)."""
-    ids = _ctr(paths, "containers", "ls", "-q", check=False).stdout.split()
-    for cid in ids:
-        _ctr(paths, "tasks", "delete", "--force", cid, check=False)  # kills the process first
-        _ctr(paths, "containers", "delete", cid, check=False)
-    return len(ids)
-
-
 def _start_containerd(node: Node, die_with_parent: bool) -> None:
     paths = node.paths
     _spawn(node, "containerd", ["containerd", "--config", str(paths.containerd_config)], die_with_parent)
-    _wait(node, "containerd's socket", lambda: _ctr(paths, "version").returncode == 0, 30, "containerd")
+    _wait(node, "containerd's socket", lambda: host.ctr(paths, "version").returncode == 0, 30, "containerd")
 
 
 def _import_images(node: Node, built: dict) -> None:
-    present = set(_ctr(node.paths, "images", "ls", "-q").stdout.split())
+    """Import the images not yet in containerd's store (kept across runs), and drop the ones an input change
+    replaced (containerd's garbage collector then frees their layers)."""
+    present = set(host.ctr(node.paths, "images", "ls", "-q").stdout.split())
+    wanted = {image.ref for image in built.values()}
+    stale = sorted(ref for ref in present if ref.startswith("localhost/trainhook/") and ref not in wanted)
+    if stale:
+        host.ctr(node.paths, "images", "rm", *stale, check=False)
     for name, image in built.items():
         if image.ref not in present:
             t0 = time.monotonic()
-            _ctr(node.paths, "images", "import", image.archive(images_mod.cache_dir()))
+            host.ctr(node.paths, "images", "import", image.archive(images_mod.cache_dir()))
             _say(f"imported {image.ref} into containerd in {time.monotonic() - t0:.0f}s")
 
 
@@ -266,7 +258,7 @@ def _start(node: Node, built: dict, bins: Path, die_with_parent: bool, timeout: 
     (paths.cni_conf_dir / "10-trainhook.conflist").write_text(json.dumps(cfg.cni_conflist(paths), indent=1))
     paths.containerd_config.write_text(cfg.containerd_toml(paths, built["pause"].ref))
     _start_containerd(node, die_with_parent)
-    if _remove_containers(paths):  # left by a crash: CRI must not remember them, so restart it clean
+    if host.remove_containers(paths):  # left by a crash: CRI must not remember them, so restart it clean
         cluster.stop_pid(node.pids.pop("containerd"), str(paths.run))
         node.procs.pop("containerd")
         _start_containerd(node, die_with_parent)
@@ -324,9 +316,9 @@ def _stop(node: Node) -> None:
         if name in node.pids:
             cluster.stop_pid(node.pids[name], marker)
     if node.alive("containerd"):
-        _remove_containers(paths)
+        host.remove_containers(paths)
         cluster.stop_pid(node.pids["containerd"], marker)
-    _stop_shims(paths)
+    host.stop_shims(paths.containerd_socket, cluster.stop_pid)
     killed = host.kill_cgroup(cfg.CGROUP_ROOT)
     if killed:
         _say(f"killed {killed} leftover pod processes in cgroup {cfg.CGROUP_ROOT}")
@@ -340,13 +332,6 @@ def _stop(node: Node) -> None:
     host.restore_sysctls(node.state_dir / "sysctls.json")
     node.pids.clear()
     (paths.run / NODE_FILE).unlink(missing_ok=True)
-
-
-def _stop_shims(paths: cfg.NodePaths) -> None:
-    """containerd-shim-runc-v2 processes outlive containerd; ours name our socket in their command line."""
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and cluster._is_ours(int(proc.name), str(paths.containerd_socket)):
-            cluster.stop_pid(int(proc.name), str(paths.containerd_socket), grace=2)
 
 
 def ensure_up(state_dir: Path, **kw) -> tuple[Node, bool]:

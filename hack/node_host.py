@@ -224,3 +224,28 @@ def unmount_under(root: Path) -> list[str]:
             if _run("umount", point).returncode == 0 or _run("umount", "-l", point).returncode == 0:
                 done.append(point)
     return done
+
+
+# ---- containerd's containers and shims ------------------------------------------------------------------------
+
+def ctr(paths, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ctr", "--address", str(paths.containerd_socket), "--namespace", "k8s.io", *args],
+                          capture_output=True, text=True, check=check)
+
+
+def remove_containers(paths) -> int:
+    """Kill and delete every container in containerd's k8s.io namespace (pods left by a crash, or at `down`)."""
+    ids = ctr(paths, "containers", "ls", "-q", check=False).stdout.split()
+    for cid in ids:
+        ctr(paths, "tasks", "delete", "--force", cid, check=False)  # kills the process first
+        ctr(paths, "containers", "delete", cid, check=False)
+    return len(ids)
+
+
+def stop_shims(containerd_socket: Path, stop_pid) -> None:
+    """containerd-shim-runc-v2 processes outlive containerd; ours name our socket in their command line, and
+    `stop_pid` (hack/cluster.py's) signals a PID only while its command line still names it."""
+    marker = str(containerd_socket)
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            stop_pid(int(proc.name), marker, grace=2)
