@@ -45,7 +45,7 @@ def identity_labels(obj: dict, problems: Problems) -> dict[str, str]:
     template = template_labels(obj)
     found = {}
     for key in IDENTITY_LABELS:
-        mine, theirs = own.get(key), template.get(key)
+        mine, theirs = own.get(key) or None, template.get(key) or None  # an empty label is an unset one
         if mine is not None and theirs is not None and mine != theirs:
             problems.add(key, mine, f"the {kind}'s label says {mine!r} but its pod template's says {theirs!r}",
                          "make the two agree, or write the label in one place only")
