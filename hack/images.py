@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # node_host, beside this file
 K8S_VERSION = "1.20.2"
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
@@ -169,8 +170,16 @@ class Builder:
     def __init__(self, cache: Path, log=print):
         self.cache = cache
         self.storage = cache / "storage"
-        self.runroot = Path("/run/trainhook-images")
+        # containers/storage keeps its locks and mount state in the runroot: one per storage, never shared.
+        self.runroot = Path("/run") / f"trainhook-images-{digest(str(self.storage.resolve()))[:8]}"
         self.log = log
+
+    def check_storage(self) -> None:
+        """podman's own database (container state only: we keep no podman containers) records the runroot it was
+        created with, and refuses another; a storage made under an older runroot naming gets a new database."""
+        done = subprocess.run(["podman", *self._storage_args(), "images", "-q"], capture_output=True, text=True)
+        if "database configuration mismatch" in done.stderr:
+            (self.storage / "libpod" / "bolt_state.db").unlink(missing_ok=True)
 
     def _storage_args(self) -> list[str]:
         return ["--root", str(self.storage), "--runroot", str(self.runroot), "--storage-driver", "overlay"]
@@ -226,9 +235,15 @@ class Builder:
         mirror = os.environ.get("TRAINHOOK_DEBIAN_MIRROR", "http://deb.debian.org/debian")
         with tempfile.TemporaryDirectory(prefix="trainhook-rootfs-", dir=self.cache) as tmp:
             root = Path(tmp) / "rootfs"
-            with log_file.open("a") as out:
-                subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-                                SUITE, str(root), mirror], stdout=out, stderr=subprocess.STDOUT, check=True)
+            try:
+                with log_file.open("a") as out:
+                    subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+                                    SUITE, str(root), mirror], stdout=out, stderr=subprocess.STDOUT, check=True)
+            finally:
+                # debootstrap mounts /proc and /sys in the new root; an interrupted run leaves them there, and the
+                # temporary directory must not be deleted through them.
+                import node_host
+                node_host.unmount_under(root)
             for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
                 for p in (root / junk).glob("*"):
                     if p.is_file():
@@ -267,6 +282,7 @@ def build(names: list[str], *, cache: Path, bin_dir: Path, log=print) -> dict[st
     if unknown:
         raise ImageError(f"unknown image(s) {sorted(unknown)}; known: {sorted(images)}")
     builder = Builder(cache, log)
+    builder.check_storage()
     # What each image starts FROM (built first, and loaded into the builder's storage when only its archive is here).
     parents = {"webhook": ["base"], "launcher": ["base"], "torch": ["base"],
                "torch-trainhook": ["base", "torch", "launcher"]}

@@ -172,8 +172,8 @@ def _node_certs(node: Node, ca, pki: Path) -> dict[str, Path]:
     pairs = {
         "kubelet-client": cluster.build_client_pair(ca, f"system:node:{cfg.NODE_NAME}", ["system:nodes"], now),
         "kube-proxy": cluster.build_client_pair(ca, "system:kube-proxy", [], now),
-        "apiserver-kubelet-client": cluster.build_client_pair(ca, "kube-apiserver-kubelet-client",
-                                                              ["system:masters"], now),
+        # Only the kubelet checks this one (x509 against the cluster CA, then AlwaysAllow): no group needed.
+        "apiserver-kubelet-client": cluster.build_client_pair(ca, "kube-apiserver-kubelet-client", [], now),
         "kubelet": build_serving_pair(ca, [cfg.host_ip(), cfg.NODE_NAME], now, days=30),
     }
     for name, pair in pairs.items():

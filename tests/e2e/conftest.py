@@ -72,7 +72,9 @@ def node():
     state_dir = node_mod.default_state_dir()
     started, t0 = None, time.monotonic()
     try:
-        running, started = node_mod.ensure_up(state_dir)
+        # die_with_parent: if pytest itself is killed, the node's daemons get SIGTERM (the next `up` or `down`
+        # cleans what they leave).
+        running, started = node_mod.ensure_up(state_dir, die_with_parent=True)
     except node_mod.cluster.ClusterError as e:
         pytest.fail(f"the node did not come up: {e}")
     print(f"\nnode: {'started' if started else 'already up'} in {time.monotonic() - t0:.0f}s", file=sys.stderr)
