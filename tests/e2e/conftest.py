@@ -7,8 +7,9 @@ Session fixtures, in the order they come up:
 - `release`: `helm upgrade --install` of charts/trainhook, with the local images' values and pull policy and nothing
   else, waited on until the webhook's Deployment is available and its caBundle injected.
 
-Root is required (bridge, iptables, mounts): elsewhere the tests are skipped, saying so. TRAINHOOK_E2E=0 skips
-them on purpose.
+Root and the node's Debian packages are required (bridge, iptables, mounts; `.ci/run` installs them): without
+them the tests fail, naming the fix, never skip. TRAINHOOK_E2E=0 leaves them out of the run on purpose (they are
+deselected, and pytest says how many).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _is_e2e(item):
             item.add_marker(pytest.mark.e2e)
+    if os.environ.get("TRAINHOOK_E2E") == "0":
+        left_out = [item for item in items if _is_e2e(item)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not _is_e2e(item)]
 
 
 def _stop_started_node() -> None:
@@ -62,13 +68,12 @@ def pytest_runtest_teardown(item, nextitem):
 
 @pytest.fixture(scope="session")
 def node():
-    if os.environ.get("TRAINHOOK_E2E") == "0":
-        pytest.skip("TRAINHOOK_E2E=0")
     if os.geteuid() != 0:
-        pytest.skip("the node needs root (bridge, iptables, cgroups, mounts)")
+        pytest.fail("the node needs root (bridge, iptables, cgroups, mounts): run the tests as root, or leave the "
+                    "e2e tests out with TRAINHOOK_E2E=0")
     missing = [c for c in ("containerd", "buildah", "debootstrap", "iptables") if not shutil.which(c)]
-    if missing:  # .ci/run installs them and checks that they are there, so CI never skips for this
-        pytest.skip(f"the node needs {', '.join(missing)} (see .ci/run for the Debian packages)")
+    if missing:  # .ci/run installs them and checks that they are there
+        pytest.fail(f"the node needs {', '.join(missing)}: install the Debian packages .ci/run lists")
     state_dir = node_mod.default_state_dir()
     started, t0 = None, time.monotonic()
     try:

@@ -1,11 +1,10 @@
 """examples/pytorch/ddp.yaml trains for real on the node: 4 pods, torch's gloo over the pod network, peers found
 through the cluster DNS, every rank ending with the same parameters.
 
-TEMPORARY, until the webhook's delivery of the launcher is what this test exercises: the example's image is
-swapped for the local CPU torch image *with trainhook added* (images/examples/torch-trainhook.Dockerfile), its
-command is wrapped by hand in `trainhook-launch run --`, and the pod template opts out of delivery
-(`trainhook.dev/launcher: none`). Once delivery is in, use node.images["torch"] (no trainhook), drop the wrapping
-and the opt-out, and the test shows the user's manifest running unchanged but for its image.
+The user's manifest runs unchanged but for its image: the local CPU torch image (images/examples/torch.Dockerfile:
+Python and torch, nothing of trainhook), with the example's own command. The webhook delivers the launcher into
+the pods and runs the command under it, which is what makes the finished gang record its outcome, scale to zero
+and never train twice.
 
 Also changed from the example, for this 2-core node: each pod requests 100m CPU instead of 500m (4 x 500m and the
 webhook's requests do not fit), and the gang runs in `default`, whose ServiceAccounts the chart's default values
@@ -33,18 +32,16 @@ def ddp_manifests(image: str) -> list[dict]:
         obj = copy.deepcopy(obj)
         if obj["kind"] == "StatefulSet":
             template = obj["spec"]["template"]
-            template["metadata"].setdefault("annotations", {})["trainhook.dev/launcher"] = "none"
             template["spec"]["terminationGracePeriodSeconds"] = 5
             (trainer,) = template["spec"]["containers"]
             trainer["image"], trainer["imagePullPolicy"] = image, "Never"
-            trainer["command"] = ["trainhook-launch", "run", "--", *trainer["command"]]
             trainer["resources"]["requests"]["cpu"] = "100m"
         out.append(obj)
     return out
 
 
 def test_the_pytorch_ddp_example_trains_across_four_pods(node, release):
-    manifests = ddp_manifests(node.images["torch-trainhook"])
+    manifests = ddp_manifests(node.images["torch"])
     node.kubectl("delete", "-n", NAMESPACE, "statefulset,service,configmap", "ddp", "ddp-script",
                  "--ignore-not-found", "--wait=true", check=False)
     followers: dict[str, LogFollower] = {}
@@ -68,6 +65,13 @@ def test_the_pytorch_ddp_example_trains_across_four_pods(node, release):
             raise
         assert len({m.group(1) for m in digests.values()}) == 1, digests
         assert "epoch 5 loss" in followers["ddp-0"].text
+        for name, follower in followers.items():  # each rank trained once, under the delivered launcher
+            assert follower.text.count(": training") == 1, follower.text[-2000:]
+            assert "trainhook-launch run: gang succeeded" in follower.text
+        pod = json.loads(node.kubectl("get", "pod", "ddp-1", "-n", NAMESPACE, "-o", "json", check=False) or "{}")
+        if pod:  # not yet deleted by the scale to zero: the command is the user's, under the delivered launcher
+            assert pod["spec"]["containers"][0]["command"] == [
+                "/trainhook/bin/trainhook-launch", "run", "--", "torchrun", "/workspace/ddp.py"]
         # The launcher recorded the outcome and scaled the finished StatefulSet to zero: it does not retrain.
         assert sts["metadata"]["annotations"]["trainhook.dev/exit-code"] == "0"
         wait_for(lambda: json.loads(node.kubectl("get", "statefulset", "ddp", "-n", NAMESPACE, "-o", "json"))
