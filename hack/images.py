@@ -12,7 +12,6 @@ nothing is pulled, not even a base image.
 | webhook  | images/webhook.Dockerfile, unchanged, with --build-arg PYTHON_IMAGE=<base>                 |
 | launcher | images/launcher.Dockerfile, likewise                                                       |
 | torch    | images/examples/torch.Dockerfile: base + CPU torch, no trainhook (an example training image)|
-| torch-trainhook | TEMPORARY: torch + the launcher image's venv, for e2e tests that wrap a command by hand   |
 
 Every image is keyed on its inputs (the Dockerfile, the files it copies, its base's key, the recipe below):
 its reference is `localhost/trainhook/<name>:<key>` and its docker-archive is kept in
@@ -157,8 +156,6 @@ def plan(bin_dir: Path, wheel_dirs: list[Path]) -> dict[str, Image]:
         images[name] = Image(name, dockerfile_key(REPO / "images" / f"{name}.Dockerfile", base.key))
     images["torch"] = Image("torch", dockerfile_key(REPO / "images" / "examples" / "torch.Dockerfile", base.key,
                                                     TORCH + " " + " ".join(torch_wheels)))
-    images["torch-trainhook"] = Image("torch-trainhook", dockerfile_key(
-        REPO / "images" / "examples" / "torch-trainhook.Dockerfile", images["torch"].key, images["launcher"].key))
     return images
 
 
@@ -284,8 +281,7 @@ def build(names: list[str], *, cache: Path, bin_dir: Path, log=print) -> dict[st
     builder = Builder(cache, log)
     builder.check_storage()
     # What each image starts FROM (built first, and loaded into the builder's storage when only its archive is here).
-    parents = {"webhook": ["base"], "launcher": ["base"], "torch": ["base"],
-               "torch-trainhook": ["base", "torch", "launcher"]}
+    parents = {"webhook": ["base"], "launcher": ["base"], "torch": ["base"]}
     wanted = set(names)
     for name in names:
         wanted |= set(parents.get(name, []))
@@ -328,7 +324,7 @@ def k8s_bin_dir() -> Path:
         f"k8s-v{K8S_VERSION}" / "bin"
 
 
-ALL = ["pause", "webhook", "launcher", "torch", "torch-trainhook"]
+ALL = ["pause", "webhook", "launcher", "torch"]
 
 
 def main(argv: list[str] | None = None) -> int:
