@@ -19,6 +19,7 @@ from pathlib import Path
 from trainhook.launcher import outcome_api
 from trainhook.launcher.gang import Gang
 from trainhook.launcher.lifecycle import FAILED, SUCCEEDED, Outcome, Settings, now_rfc3339
+from trainhook.launcher.run import reap_exited
 
 
 def say(message: str) -> None:
@@ -96,21 +97,11 @@ def park_until_stopped(reap: bool) -> int:
         while not received:
             time.sleep(0.5)
             if reap:
-                _reap()
+                reap_exited()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return received[0]
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def end_member(gang: Gang, settings: Settings, outcome: Outcome, code: int, log=say,
