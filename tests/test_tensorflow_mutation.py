@@ -257,23 +257,18 @@ def test_a_template_labeled_indexed_job_of_a_multi_role_gang_is_admitted(role, c
 TFJOB_PODS = [("chief", 1, 0, 0), ("ps", 1, 0, 1), ("worker", 2, 0, 2), ("worker", 2, 1, 3)]
 
 
+@pytest.mark.parametrize("kind", ["StatefulSet", "Job"])
 @pytest.mark.parametrize("role,count,index,rank", TFJOB_PODS)
-def test_the_pods_of_a_template_labeled_statefulset_gang_get_the_whole_tf_config(role, count, index, rank):
-    sts = mutate("StatefulSet", "CREATE", template_labeled_sts(role, count), "team-a", SETTINGS).obj
-    pod = pod_of_statefulset(sts, index)
-    assert mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj == wired(
-        pod, {"TF_CONFIG": tf_config(TFJOB_CLUSTER, role, index)},
-        gang_env("tfjob", role, index, rank, TFJOB_GANG, TFJOB_HOSTS, "tfjob", f"tfjob-{role}-{index}.tfjob"))
-
-
-@pytest.mark.parametrize("role,count,index,rank", TFJOB_PODS)
-def test_the_pods_of_a_template_labeled_indexed_job_gang_get_the_whole_tf_config(role, count, index, rank):
-    job = mutate("Job", "CREATE", template_labeled_job(role, count), "team-a", SETTINGS).obj
-    pod = pod_of_job(job, index)
+def test_the_pods_of_a_template_labeled_gang_get_the_whole_tf_config(kind, role, count, index, rank):
+    build, pod_of = ((template_labeled_sts, pod_of_statefulset) if kind == "StatefulSet"
+                     else (template_labeled_job, pod_of_job))
+    workload = mutate(kind, "CREATE", build(role, count), "team-a", SETTINGS).obj
+    pod = pod_of(workload, index)
+    address = {} if kind == "StatefulSet" else {"hostname": f"tfjob-{role}-{index}", "subdomain": "tfjob"}
     assert mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj == wired(
         pod, {"TF_CONFIG": tf_config(TFJOB_CLUSTER, role, index)},
         gang_env("tfjob", role, index, rank, TFJOB_GANG, TFJOB_HOSTS, "tfjob", f"tfjob-{role}-{index}.tfjob"),
-        hostname=f"tfjob-{role}-{index}", subdomain="tfjob")
+        **address)
 
 
 @pytest.mark.parametrize("kind,workload", [("StatefulSet", statefulset), ("Job", indexed_job)])
