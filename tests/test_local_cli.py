@@ -32,6 +32,20 @@ def assert_cleaned_up(stderr: str) -> None:
     assert list_run_namespaces(run_id(stderr)) == []
 
 
+def processes_of(run_dir: Path) -> list[str]:
+    """Processes still alive whose environment names the run's directory: a container's, outliving it."""
+    needle = str(run_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "environ").read_bytes():
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append(f"{entry.name}: {command}")
+        except OSError:
+            continue
+    return found
+
+
 def local(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainhook.local.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, **kwargs)
@@ -81,10 +95,48 @@ def test_a_gang_without_the_launcher_retrains_as_it_would_on_a_kubelet(tmp_path)
     manifest.write_text(yaml.safe_dump_all(docs))
     result = local(str(manifest), "--timeout", "45", "--workdir", str(tmp_path / "run"))
     assert result.returncode == 124, result.stdout[-3000:] + result.stderr[-3000:]
+    # torchrun starts its workers in sessions of their own: the run still ends every process of a container.
+    assert processes_of(tmp_path / "run") == []
     assert len(re.findall(r"^\[ddp-0\] rank 0/2 on ddp-0: training$", result.stdout, re.M)) >= 2
     assert re.search(r"^\[ddp-0\] trainhook local: container trainer exited with 0; restarting it in [0-9.]+s "
                      r"\(restartPolicy Always\) as a kubelet would", result.stdout, re.M)
     assert_cleaned_up(result.stderr)
+
+
+ESCAPING = """
+apiVersion: v1
+kind: Service
+metadata: {name: esc, labels: {trainhook.dev/job-name: esc}}
+spec: {selector: {trainhook.dev/job-name: esc}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: esc, labels: {trainhook.dev/framework: pytorch}}
+spec:
+  completionMode: Indexed
+  completions: 1
+  parallelism: 1
+  template:
+    metadata:
+      labels: {trainhook.dev/framework: pytorch}
+      annotations: {trainhook.dev/launcher: none}  # nothing of ours between the runner and the command
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: trainer
+        image: ignored
+        command: ["sh", "-c", "setsid sleep 300 & echo left a process behind"]
+"""
+
+
+def test_a_container_ends_with_every_process_it_started_even_in_a_session_of_its_own(tmp_path):
+    """As a runtime ends every process of a container with its main process: torchrun, for one, starts its
+    workers in sessions of their own, and an orphan must not outlive the run."""
+    run_dir = tmp_path / "run"
+    result = local(str(write(tmp_path, ESCAPING)), "--timeout", "60", "--workdir", str(run_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "left a process behind" in result.stdout
+    assert processes_of(run_dir) == []
 
 
 def test_a_training_container_sees_its_images_commands_and_the_delivered_launcher_not_ours(tmp_path):

@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -44,6 +45,8 @@ WATCH_EVERY = 0.2
 # After a member fails, the other containers get this long to end on their own before the runner stops them.
 FAILURE_SETTLE = 2.0
 PARKED = "parked"
+# Set on every container's processes: what finds them all when the container ends (`_kill_session`).
+TH_LOCAL_CONTAINER = "TRAINHOOK_LOCAL_CONTAINER"
 
 
 async def exited(proc: asyncio.subprocess.Process, poll: float = 0.05) -> int:
@@ -174,6 +177,7 @@ class Supervisor:
         self._parked: set[str] = set()  # pods whose launchers were parked when the run ended
         self._live: dict[asyncio.subprocess.Process, LocalPod] = {}
         self._records: dict[asyncio.subprocess.Process, ContainerResult] = {}
+        self._marks: dict[int, str] = {}  # main process pid -> its container's TH_LOCAL_CONTAINER
         self._stopping = False
         self._reason = "Succeeded"
         self._exit_code = 0
@@ -296,7 +300,7 @@ class Supervisor:
     def kill_all(self) -> None:
         """SIGKILL every process group still alive (the last resort of every exit path)."""
         for proc in list(self._live):
-            _kill_session(proc.pid)
+            _kill_session(proc.pid, self._marks.get(proc.pid))
 
     # --- ending the run -----------------------------------------------------------------------------------
     def _interrupted(self, code: int) -> None:
@@ -342,7 +346,7 @@ class Supervisor:
                 await asyncio.wait_for(exited(proc), timeout=grace)
             except asyncio.TimeoutError:
                 pass
-        _kill_session(proc.pid)
+        _kill_session(proc.pid, self._marks.get(proc.pid))
 
     def _failed(self, pod: LocalPod, spec: ContainerSpec, code: int) -> None:
         if not self._stopping:
@@ -427,11 +431,12 @@ class Supervisor:
         prefix = pod.name if spec.training else f"{pod.name}/{spec.name}"
         log_path = self.output.log_path(pod.name, spec.name)
         argv = pod.entry_argv(spec)
-        env = spec.env
+        mark = uuid.uuid4().hex  # every process of this container inherits it, whatever session it moves to
+        env = {**spec.env, TH_LOCAL_CONTAINER: mark}
         status = self.status_path(pod, spec)
         if spec.training and spec.kind == "main":
             status.parent.mkdir(parents=True, exist_ok=True)
-            env = {**spec.env, TH_LOCAL_STATUS: str(status)}
+            env[TH_LOCAL_STATUS] = str(status)
         record.started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -443,6 +448,7 @@ class Supervisor:
             return record.exit_code
         self._live[proc] = pod
         self._records[proc] = record
+        self._marks[proc.pid] = mark
         if self._stopping:
             self._terminate_later(proc, pod)
         assert proc.stdout is not None  # PIPE
@@ -451,7 +457,7 @@ class Supervisor:
             returncode = await exited(proc)
         finally:
             # The main process is gone: the rest of the container goes with it.
-            _kill_session(proc.pid)
+            _kill_session(proc.pid, self._marks.pop(proc.pid, None))
             self._live.pop(proc, None)
             self._records.pop(proc, None)
         try:
@@ -472,17 +478,20 @@ def restarts(policy: str, code: int) -> bool:
     return policy == "Always" or (policy == "OnFailure" and code != 0)
 
 
-def _kill_session(sid: int) -> None:
-    """SIGKILL every process of session `sid` (a container's: its main process started it), whatever process
-    group it moved to, as a container runtime kills every process of a container."""
+def _kill_session(sid: int, mark: str | None = None) -> None:
+    """SIGKILL every process of a container, as a runtime does when its main process ends: every process of
+    session `sid` (its main process started it), whatever process group it moved to, and every process whose
+    environment carries the container's `mark` (TH_LOCAL_CONTAINER), which catches the ones that left the
+    session (torchrun starts its workers in sessions of their own) and outlived their parents."""
     _killpg(sid, signal.SIGKILL)
+    needle = f"{TH_LOCAL_CONTAINER}={mark}".encode() if mark else None
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
-            if int(fields[3]) == sid:
+            if int(fields[3]) == sid or (needle and needle in (entry / "environ").read_bytes().split(b"\0")):
                 os.kill(int(entry.name), signal.SIGKILL)
         except (OSError, ValueError, IndexError):
             continue
