@@ -107,7 +107,7 @@ def test_the_entrypoint_annotation_stands_in_for_a_missing_command():
     assert mutate("Pod", "CREATE", out, "team-a", SETTINGS).obj == out
 
 
-@pytest.mark.parametrize("value", ["[1, 2]", "[]", "[\"python\"", ""])
+@pytest.mark.parametrize("value", ["[1, 2]", "[]", "[\"python\"", "", 7, ["python"]])
 def test_a_malformed_entrypoint_is_refused(value):
     with pytest.raises(Denied) as denied:
         mutate("Pod", "CREATE", pod({"trainhook.dev/entrypoint": value}, command=None), "team-a", SETTINGS)

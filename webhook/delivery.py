@@ -58,7 +58,7 @@ def entrypoint(container: dict, annotations: dict, problems: Problems) -> list[s
                      f"annotation {keys.ENTRYPOINT}, or opt out with {keys.LAUNCHER}: none")
         return None
     try:
-        value = json.loads(text) if text.lstrip().startswith("[") else [text]
+        value = json.loads(text) if isinstance(text, str) and text.lstrip().startswith("[") else [text]
     except ValueError:
         value = None
     if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
