@@ -12,6 +12,7 @@ nothing is pulled, not even a base image.
 | webhook  | images/webhook.Dockerfile, unchanged, with --build-arg PYTHON_IMAGE=<base>                 |
 | launcher | images/launcher.Dockerfile, likewise                                                       |
 | torch    | images/examples/torch.Dockerfile: base + CPU torch, no trainhook (an example training image)|
+| mpi      | images/examples/mpi.Dockerfile: base + Debian's OpenMPI and mpi4py, no trainhook (an MPI training image) |
 
 Every image is keyed on its inputs (the Dockerfile, the files it copies, its base's key, the recipe below):
 its reference is `localhost/trainhook/<name>:<key>` and its docker-archive is kept in
@@ -156,6 +157,7 @@ def plan(bin_dir: Path, wheel_dirs: list[Path]) -> dict[str, Image]:
         images[name] = Image(name, dockerfile_key(REPO / "images" / f"{name}.Dockerfile", base.key))
     images["torch"] = Image("torch", dockerfile_key(REPO / "images" / "examples" / "torch.Dockerfile", base.key,
                                                     TORCH + " " + " ".join(torch_wheels)))
+    images["mpi"] = Image("mpi", dockerfile_key(REPO / "images" / "examples" / "mpi.Dockerfile", base.key))
     return images
 
 
@@ -281,7 +283,7 @@ def build(names: list[str], *, cache: Path, bin_dir: Path, log=print) -> dict[st
     builder = Builder(cache, log)
     builder.check_storage()
     # What each image starts FROM (built first, and loaded into the builder's storage when only its archive is here).
-    parents = {"webhook": ["base"], "launcher": ["base"], "torch": ["base"]}
+    parents = {"webhook": ["base"], "launcher": ["base"], "torch": ["base"], "mpi": ["base"]}
     wanted = set(names)
     for name in names:
         wanted |= set(parents.get(name, []))
@@ -304,7 +306,7 @@ def build(names: list[str], *, cache: Path, bin_dir: Path, log=print) -> dict[st
             for parent in parents[name]:
                 builder.ensure_in_storage(images[parent])
             examples = REPO / "images" / "examples"
-            dockerfile = examples / f"{name}.Dockerfile" if name.startswith("torch") else \
+            dockerfile = examples / f"{name}.Dockerfile" if name in ("torch", "mpi") else \
                 REPO / "images" / f"{name}.Dockerfile"
             build_args = {"PYTHON_IMAGE": images["base"].ref, "TORCH_IMAGE": images["torch"].ref,
                           "LAUNCHER_IMAGE": images["launcher"].ref}
@@ -324,7 +326,7 @@ def k8s_bin_dir() -> Path:
         f"k8s-v{K8S_VERSION}" / "bin"
 
 
-ALL = ["pause", "webhook", "launcher", "torch"]
+ALL = ["pause", "webhook", "launcher", "torch", "mpi"]
 
 
 def main(argv: list[str] | None = None) -> int:
