@@ -54,13 +54,13 @@ STOP_GRACE = 10.0
 RETRY_DELAY = 0.5
 MPI_PROGRAMS = {"mpirun", "mpiexec", "orterun", "mpiexec.hydra", "mpirun.openmpi", "mpiexec.openmpi",
                 "mpirun.mpich", "mpiexec.mpich"}
-# The program run for `trainhook-launch mpirun -- PROGRAM` per implementation, first found on PATH wins
-# (Debian installs OpenMPI's and MPICH's side by side, with `mpirun` pointing at one of them).
 # Which MPI library the ranks load, for bindings that choose at run time: mpi4py's wheels carry one extension per
 # ABI and, unless told, take whatever `libmpi.so` is (MPICH's when libmpich-dev is installed beside Open MPI).
 # A user's own value wins. Open MPI exports only what `-x` names to remote ranks; Hydra forwards every variable.
 MPI4PY_MPIABI = "MPI4PY_MPIABI"
 MPI_ABI_SELECTORS = {mpi.OPENMPI: "openmpi", mpi.INTEL: "mpich", mpi.MPICH: "mpich"}
+# The program run for `trainhook-launch mpirun -- PROGRAM` per implementation, first found on PATH wins
+# (Debian installs OpenMPI's and MPICH's side by side, with `mpirun` pointing at one of them).
 MPI_BINARIES = {mpi.OPENMPI: ("mpirun.openmpi", "mpirun"), mpi.MPICH: ("mpiexec.mpich", "mpiexec.hydra", "mpiexec"),
                 mpi.INTEL: ("mpiexec.hydra", "mpiexec")}
 
