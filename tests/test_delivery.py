@@ -18,7 +18,7 @@ from trainhook.webhook.gang import Denied
 from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
 from expected import LAUNCHER, LAUNCHER_MOUNT, LAUNCHER_VOLUME
-from objects import container, pod_of_statefulset, review, statefulset
+from objects import container, pod_of_statefulset, statefulset
 from test_server_https import admitted, valid
 
 SETTINGS = Settings(launcher_image="registry.example/launcher:1", wait_timeout=300)
@@ -141,6 +141,16 @@ def test_a_users_volume_under_the_launchers_name_is_refused():
     with pytest.raises(Denied) as denied:
         mutate("Pod", "CREATE", given, "team-a", SETTINGS)
     assert denied.value.problems[0].startswith("spec.volumes='trainhook-launcher': the name of the volume")
+
+
+def test_a_users_own_mount_at_the_launchers_path_is_refused():
+    given = pod()
+    trainer(given)["volumeMounts"] = [{"name": "mine", "mountPath": "/trainhook/"}]
+    given["spec"]["volumes"] = [{"name": "mine", "emptyDir": {}}]
+    with pytest.raises(Denied) as denied:
+        mutate("Pod", "CREATE", given, "team-a", SETTINGS)
+    assert denied.value.problems[0].startswith("spec.containers[trainer].volumeMounts='/trainhook': the path "
+                                               "trainhook delivers its launcher to")
 
 
 def test_the_injected_container_passes_pod_security_restricted_and_the_pod_is_valid(webhook):

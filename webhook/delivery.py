@@ -121,12 +121,19 @@ def add_volume(spec: dict) -> None:
         spec["volumes"] = volumes + [{"name": keys.LAUNCHER_VOLUME, "emptyDir": {}}]
 
 
-def user_volume_clash(spec: dict, problems: Problems) -> bool:
-    """A user's own volume under our name, or a mount at our path, would hide the launcher: say so."""
+def user_volume_clash(spec: dict, container: dict, problems: Problems) -> bool:
+    """A user's own volume under our name, or the training container's own mount at our path, would hide the
+    launcher: say so."""
     for volume in spec.get("volumes") or []:
         if volume.get("name") == keys.LAUNCHER_VOLUME and volume.get("emptyDir") is None:
             problems.add("spec.volumes", keys.LAUNCHER_VOLUME, "the name of the volume trainhook delivers its "
-                         f"launcher in", f"rename your volume, or opt out with {keys.LAUNCHER}: none")
+                         "launcher in", f"rename your volume, or opt out with {keys.LAUNCHER}: none")
+            return True
+    for mount in container.get("volumeMounts") or []:
+        if mount.get("mountPath", "").rstrip("/") == keys.LAUNCHER_DIR and mount.get("name") != keys.LAUNCHER_VOLUME:
+            problems.add(f"spec.containers[{container.get('name', '')}].volumeMounts", keys.LAUNCHER_DIR,
+                         "the path trainhook delivers its launcher to", f"mount your volume elsewhere, or opt out "
+                         f"with {keys.LAUNCHER}: none")
             return True
     return False
 
@@ -157,7 +164,7 @@ def deliver_launcher(spec: dict, container: dict, member: Member, annotations: d
     # Every pod of every gang comes through here: the checks that rarely apply are guarded by what they need.
     if keys.LAUNCHER in annotations and launcher_mode(annotations, problems) == keys.LAUNCHER_NONE:
         return False
-    if "volumes" in spec and user_volume_clash(spec, problems):
+    if ("volumes" in spec or "volumeMounts" in container) and user_volume_clash(spec, container, problems):
         return False
     command = container.get("command") or None
     if command is None:
