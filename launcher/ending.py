@@ -59,18 +59,22 @@ def record_outcome(gang: Gang, settings: Settings, outcome: Outcome, log=say) ->
     return f"{kind}/{name} is scaled to zero, so its pods are deleted shortly"
 
 
+def write_atomically(path: Path, data: dict) -> None:
+    """Write JSON through a temporary name and rename: a reader never sees half a file (OSError on failure)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(data))
+    os.replace(temporary, path)
+
+
 def write_local_status(settings: Settings, data: dict, log=say) -> None:
     """The launcher's state for `trainhook local` (TRAINHOOK_LOCAL_STATUS); nothing in a cluster."""
     if not settings.local_status:
         return
-    path = Path(settings.local_status)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}")
-        temporary.write_text(json.dumps(data))
-        os.replace(temporary, path)
+        write_atomically(Path(settings.local_status), data)
     except OSError as e:
-        log(f"cannot write the local status file {path}: {e}")
+        log(f"cannot write the local status file {settings.local_status}: {e}")
 
 
 def status_document(gang: Gang, state: str, outcome: Outcome | None, attempt: int = 1,

@@ -464,7 +464,7 @@ class Member:
             return
         data = {"namespace": self.gang.namespace, "job": self.gang.job_name, "outcome": self.outcome.to_dict()}
         try:
-            write_atomically(Path(self.settings.state_dir) / MARKER, data)
+            ending.write_atomically(Path(self.settings.state_dir) / MARKER, data)
         except OSError as e:
             say(f"cannot write the outcome marker in {self.settings.state_dir}: {e}")
 
@@ -472,13 +472,6 @@ class Member:
         """The launcher's state for `trainhook local` (TRAINHOOK_LOCAL_STATUS); nothing in a cluster."""
         ending.write_local_status(self.settings, ending.status_document(
             self.gang, state, self.outcome, self.report.attempt, self.last_code), say)
-
-
-def write_atomically(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(data))
-    os.replace(temporary, path)
 
 
 def run_gang(argv: Sequence[str], env: Mapping[str, str]) -> int:
