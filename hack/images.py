@@ -12,7 +12,9 @@ nothing is pulled, not even a base image.
 | webhook  | images/webhook.Dockerfile, unchanged, with --build-arg PYTHON_IMAGE=<base>                 |
 | launcher | images/launcher.Dockerfile, likewise                                                       |
 | torch    | images/examples/torch.Dockerfile: base + CPU torch, no trainhook (an example training image)|
-| mpi      | images/examples/mpi.Dockerfile: base + Debian's OpenMPI and mpi4py, no trainhook (an MPI training image) |
+| mpi      | images/examples/mpi.Dockerfile: base + Debian's OpenMPI, mpi4py and ssh, no trainhook (an MPI training image) |
+| tensorflow | images/examples/tensorflow.Dockerfile: base + CPU TensorFlow, no trainhook                   |
+| xgboost  | images/examples/xgboost.Dockerfile: base + xgboost-cpu, no trainhook                       |
 
 Every image is keyed on its inputs (the Dockerfile, the files it copies, its base's key, the recipe below):
 its reference is `localhost/trainhook/<name>:<key>` and its docker-archive is kept in
@@ -45,6 +47,8 @@ K8S_VERSION = "1.20.2"
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 TORCH = "torch==2.13.0"
+# The example training images (images/examples/<name>.Dockerfile): Python and one framework, nothing of trainhook.
+EXAMPLES = ("torch", "mpi", "tensorflow", "xgboost")
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # Bump to rebuild every image (a change in how they are built that no input shows).
 RECIPE = "1"
@@ -157,7 +161,8 @@ def plan(bin_dir: Path, wheel_dirs: list[Path]) -> dict[str, Image]:
         images[name] = Image(name, dockerfile_key(REPO / "images" / f"{name}.Dockerfile", base.key))
     images["torch"] = Image("torch", dockerfile_key(REPO / "images" / "examples" / "torch.Dockerfile", base.key,
                                                     TORCH + " " + " ".join(torch_wheels)))
-    images["mpi"] = Image("mpi", dockerfile_key(REPO / "images" / "examples" / "mpi.Dockerfile", base.key))
+    for name in EXAMPLES[1:]:
+        images[name] = Image(name, dockerfile_key(REPO / "images" / "examples" / f"{name}.Dockerfile", base.key))
     return images
 
 
@@ -283,7 +288,7 @@ def build(names: list[str], *, cache: Path, bin_dir: Path, log=print) -> dict[st
     builder = Builder(cache, log)
     builder.check_storage()
     # What each image starts FROM (built first, and loaded into the builder's storage when only its archive is here).
-    parents = {"webhook": ["base"], "launcher": ["base"], "torch": ["base"], "mpi": ["base"]}
+    parents = {name: ["base"] for name in ("webhook", "launcher", *EXAMPLES)}
     wanted = set(names)
     for name in names:
         wanted |= set(parents.get(name, []))
@@ -306,7 +311,7 @@ def build(names: list[str], *, cache: Path, bin_dir: Path, log=print) -> dict[st
             for parent in parents[name]:
                 builder.ensure_in_storage(images[parent])
             examples = REPO / "images" / "examples"
-            dockerfile = examples / f"{name}.Dockerfile" if name in ("torch", "mpi") else \
+            dockerfile = examples / f"{name}.Dockerfile" if name in EXAMPLES else \
                 REPO / "images" / f"{name}.Dockerfile"
             build_args = {"PYTHON_IMAGE": images["base"].ref, "TORCH_IMAGE": images["torch"].ref,
                           "LAUNCHER_IMAGE": images["launcher"].ref}
@@ -326,7 +331,7 @@ def k8s_bin_dir() -> Path:
         f"k8s-v{K8S_VERSION}" / "bin"
 
 
-ALL = ["pause", "webhook", "launcher", "torch", "mpi"]
+ALL = ["pause", "webhook", "launcher", *EXAMPLES]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,10 @@ delivers: a labeled StatefulSet and its headless Service, the user's command onl
 
 from __future__ import annotations
 
+import copy
 import json
+
+import yaml
 
 from e2e_helpers import wait_for
 
@@ -47,3 +50,57 @@ def delete_gang(node, name: str, namespace: str = NAMESPACE, wait: bool = True) 
         node.kubectl("delete", "pods", "-n", namespace, "-l", f"app={name}", "--ignore-not-found",
                      "--grace-period=1", "--wait=false", check=False)
         wait_for(lambda: not pods_of(node, name, namespace), 60, f"the pods of {name} to go")
+
+
+def example_documents(path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def for_the_node(documents: list[dict], image: str, cpu: str = "100m") -> list[dict]:
+    """An example's manifests as this node runs them: the local image (never pulled), `cpu` per pod (2 cores),
+    a short termination grace, and each Indexed Job turned into a StatefulSet of the same name, labels,
+    annotations, size and pod template (v1.20 has no Indexed Jobs; a multi-role gang is one workload per role
+    either way, and its pods are then <job>-<role>-<index>.<job> as the Job's would be named by their hostnames).
+    Services and ConfigMaps pass unchanged."""
+    out = []
+    for doc in copy.deepcopy(documents):
+        if doc["kind"] == "Job":
+            name, spec = doc["metadata"]["name"], doc["spec"]
+            service = doc["metadata"]["labels"].get("trainhook.dev/job-name", name)
+            template = spec["template"]
+            template["spec"].pop("restartPolicy", None)  # a StatefulSet's pods restart Always
+            template.setdefault("metadata", {}).setdefault("labels", {})["app"] = name
+            doc = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": doc["metadata"],
+                   "spec": {"serviceName": service, "replicas": spec.get("completions", 1),
+                            "podManagementPolicy": "Parallel", "selector": {"matchLabels": {"app": name}},
+                            "template": template}}
+        if doc["kind"] == "StatefulSet":
+            pod_spec = doc["spec"]["template"]["spec"]
+            pod_spec["terminationGracePeriodSeconds"] = 5
+            for container in pod_spec["containers"]:
+                container["image"], container["imagePullPolicy"] = image, "Never"
+                container.setdefault("resources", {}).setdefault("requests", {})["cpu"] = cpu
+        out.append(doc)
+    return out
+
+
+def apply_gang(node, documents: list[dict], namespace: str = NAMESPACE) -> None:
+    """Apply an example's manifests after deleting what a previous run may have left of them."""
+    delete_documents(node, documents, namespace, wait=True)
+    node.apply(namespace, documents)
+
+
+def delete_documents(node, documents: list[dict], namespace: str = NAMESPACE, wait: bool = False) -> None:
+    for doc in documents:
+        node.kubectl("delete", "-n", namespace, doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found",
+                     "--wait=false", check=False)
+    if wait:
+        apps = [d["spec"]["selector"]["matchLabels"]["app"] for d in documents if d["kind"] == "StatefulSet"]
+        wait_for(lambda: not any(pods_of(node, app, namespace) for app in apps), 60, f"the pods of {apps} to go")
+
+
+def phase_of(node, name: str, namespace: str = NAMESPACE) -> dict:
+    """The outcome annotations of StatefulSet `name` ({} while it runs)."""
+    annotations = statefulset(node, name, namespace)["metadata"].get("annotations") or {}
+    return {k: v for k, v in annotations.items() if k.startswith("trainhook.dev/phase") or
+            k == "trainhook.dev/exit-code"}

@@ -77,6 +77,15 @@ class Cluster:
             (["--previous"] if previous else [])
         return self.kubectl(*args, check=False)
 
+    def kill_container(self, namespace: str, pod: str, container: str, signal: str = "SIGKILL") -> str:
+        """Signal a running container's main process from the host, through containerd (what an OOM kill or a
+        crash does to it); the container's ID. The kubelet then restarts it per the pod's restartPolicy."""
+        status = next(s for s in self.pod(namespace, pod)["status"]["containerStatuses"] if s["name"] == container)
+        assert "running" in status["state"], status
+        cid = status["containerID"].split("://", 1)[1]
+        node_mod.host.ctr(self.node.paths, "tasks", "kill", "--signal", signal, cid)
+        return cid
+
     def describe(self, namespace: str) -> str:
         """What a failing test prints: the namespace's pods and events."""
         return self.kubectl("get", "pods,events", "-n", namespace, "-o", "wide", check=False)
@@ -129,19 +138,37 @@ def run_pod(cluster: Cluster, namespace: str, name: str, image: str, command: li
 
 class LogFollower:
     """`kubectl logs -f` of a pod's container into memory, in a thread, from the moment the container starts: a
-    StatefulSet that a finished gang scales to zero deletes its pods, and their logs with them."""
+    StatefulSet that a finished gang scales to zero deletes its pods, and their logs with them. With `restarts`,
+    every instance of the container the kubelet starts is followed in turn, each once (by its container ID)."""
 
-    def __init__(self, cluster: Cluster, namespace: str, pod: str, container: str):
+    def __init__(self, cluster: Cluster, namespace: str, pod: str, container: str, restarts: bool = False):
         self.text = ""
+        self.instances = 0
+        self._cluster, self._namespace, self._pod, self._container = cluster, namespace, pod, container
         self._command = [cluster.kubectl_bin, "logs", "-f", "-n", namespace, pod, "-c", container]
         self._env = cluster.env
+        self._restarts = restarts
         self._proc: subprocess.Popen | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
 
+    def _container_id(self) -> str | None:
+        try:
+            statuses = self._cluster.pod(self._namespace, self._pod)["status"].get("containerStatuses") or []
+        except AssertionError:  # not created yet, or gone
+            return None
+        status = next((s for s in statuses if s["name"] == self._container), {})
+        started = "running" in status.get("state", {}) or "terminated" in status.get("state", {})
+        return status.get("containerID") if started else None
+
     def _follow(self):
+        seen: set[str] = set()
         while not self._stopped.is_set():
+            instance = self._container_id() if self._restarts else None
+            if self._restarts and (instance is None or instance in seen):
+                time.sleep(0.5)
+                continue
             self._proc = subprocess.Popen(self._command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           env=self._env)
             got = ""
@@ -149,7 +176,10 @@ class LogFollower:
                 got += line
                 self.text += line
             if self._proc.wait() == 0 and got:
-                return  # the container ended (or the pod went): its whole log is here
+                self.instances += 1
+                if not self._restarts:
+                    return  # the container ended (or the pod went): its whole log is here
+                seen.add(instance)
             time.sleep(0.5)  # not started yet (PodInitializing), or not created yet: try again
 
     def stop(self):
