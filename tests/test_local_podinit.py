@@ -145,3 +145,18 @@ def test_a_missing_config_map_volume_is_refused(tmp_path):
 def test_a_mount_of_an_unknown_volume_is_refused():
     with pytest.raises(EnvError, match="names no volume"):
         container_mounts({"name": "c", "volumeMounts": [{"name": "x", "mountPath": "/x"}]}, {})
+
+
+def test_volume_directories_have_the_modes_a_kubelet_gives_them(tmp_path):
+    """Measured on the e2e node (`stat` in a pod): emptyDir and configMap 0777, secret 1777, whatever the umask.
+    sshd's StrictModes refuses keys under the secret's world-writable directory in a pod; so must a local run."""
+    pod = {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"volumes": [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "code", "configMap": {"name": "code"}},
+        {"name": "keys", "secret": {"secretName": "keys", "defaultMode": 0o600}}]}}
+    sources = Sources(configmaps={("ml", "code"): {"data": {"a.py": "print(1)"}}},
+                      secrets={("ml", "keys"): {"stringData": {"id": "key"}}})
+    volumes = prepare_volumes(pod, tmp_path, tmp_path, sources)
+    modes = {name: oct(volume.path.stat().st_mode & 0o7777) for name, volume in volumes.items()}
+    assert modes == {"scratch": "0o777", "code": "0o777", "keys": "0o1777"}
+    assert oct((volumes["keys"].path / "id").stat().st_mode & 0o777) == "0o600"

@@ -204,8 +204,10 @@ def test_the_ssh_transport_with_keys_from_a_secret_and_sshd_in_the_workers(tmp_p
         workload["spec"]["template"]["spec"]["volumes"].append(volume)
         c["volumeMounts"].append({"name": "ssh-auth", "mountPath": "/root/.ssh"})
         if workload["metadata"]["name"] == "sgd-worker":
-            # mpi-operator v2's worker command; the webhook runs it beside `trainhook-launch mpi-worker`.
-            c["command"] = ["sh", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -De"]
+            # mpi-operator v2's worker command; the webhook runs it beside `trainhook-launch mpi-worker`. A
+            # Secret volume's directory is world-writable (1777, as on a kubelet), which sshd's StrictModes
+            # refuses: mpi-operator's images say `StrictModes no` in sshd_config; this host's sshd is told here.
+            c["command"] = ["sh", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -De -o StrictModes=no"]
         else:
             c["env"].append({"name": "TRAINHOOK_MPI_TRANSPORT", "value": "ssh"})
             # sshd gives its sessions the system PATH; the ranks need this Python's (an image's would be there).
@@ -218,7 +220,7 @@ def test_the_ssh_transport_with_keys_from_a_secret_and_sshd_in_the_workers(tmp_p
     assert "identical-across-ranks=True" in launcher
     for worker in ("sgd-worker-0", "sgd-worker-1"):
         text = log(run_dir, worker)
-        assert "started sh -c mkdir -p /run/sshd && exec /usr/sbin/sshd -De" in text
+        assert "started sh -c mkdir -p /run/sshd && exec /usr/sbin/sshd -De -o StrictModes=no" in text
         assert "Accepted publickey for root" in text  # the daemons really came in over ssh
         assert "launcher finished: mpirun exited with 0; exiting 0" in text
 

@@ -3,6 +3,10 @@
 configMap and secret volumes are written into a per-pod directory (read-only mounts, as the kubelet makes
 them); emptyDir is an empty per-pod directory; persistentVolumeClaim (StatefulSet volumeClaimTemplates) is a
 per-claim directory that lives as long as the run; hostPath is the host path itself.
+
+Each volume's directory has the mode a kubelet gives it, not this machine's umask: emptyDir and configMap
+0777, secret 1777 (its tmpfs). A program that checks modes (sshd's StrictModes refuses a world-writable
+~/.ssh, so a Secret of keys mounted at /root/.ssh fails there) must fail here as it would in a pod.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from trainhook.local.envvars import EnvError, Sources, source_bytes
+
+# The modes of a volume's own directory on a kubelet (measured on the e2e node: `stat` in a pod).
+EMPTY_DIR_MODE, CONFIG_MAP_DIR_MODE, SECRET_DIR_MODE = 0o777, 0o777, 0o1777
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ def prepare_volumes(pod: dict, pod_dir: Path, claims_dir: Path, sources: Sources
         root = pod_dir / "volumes" / name
         if "emptyDir" in spec:
             root.mkdir(parents=True, exist_ok=True)
+            root.chmod(EMPTY_DIR_MODE)
             volumes[name] = Volume(root, False)
         elif "configMap" in spec or "secret" in spec:
             kind, key, name_field = ("ConfigMap", "configMap", "name") if "configMap" in spec else \
@@ -77,6 +85,7 @@ def prepare_volumes(pod: dict, pod_dir: Path, claims_dir: Path, sources: Sources
                 raise EnvError(f'{what}: {kind.lower()} "{source.get(name_field)}" not found in namespace '
                                f"{namespace!r} (add it to the manifest)")
             _write_items(root, source_bytes(kind, obj) if obj else {}, source, what)
+            root.chmod(CONFIG_MAP_DIR_MODE if kind == "ConfigMap" else SECRET_DIR_MODE)
             volumes[name] = Volume(root, True)
         elif "persistentVolumeClaim" in spec:
             claim = spec["persistentVolumeClaim"].get("claimName", name)
