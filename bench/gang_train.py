@@ -4,8 +4,11 @@ Prints wall-clock timestamps (time.time(), one clock for every process on the ma
     GANGSTART rank=R imported=T process_group=T loop=T
 `loop` is taken at the top of the first training iteration: the rank is inside its training loop.
 Started by torchrun (env:// rendezvous from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE), as a user's script is.
+GANG_TRAIN_HOLD=S keeps every rank up S seconds after the step (bench/node_start.py reads the pods' logs before a
+finished gang's pods are deleted).
 """
 
+import os
 import time
 
 import torch
@@ -31,6 +34,7 @@ def main() -> None:
         loss.backward()  # DDP all-reduces the gradients: every rank takes part
         optimizer.step()
     dist.barrier()
+    time.sleep(float(os.environ.get("GANG_TRAIN_HOLD", "0")))
     dist.destroy_process_group()
 
 
