@@ -468,7 +468,7 @@ def test_every_object_carries_the_standard_labels(rendered, name):
         assert labels["app.kubernetes.io/managed-by"] == "Helm", where
         assert labels["app.kubernetes.io/version"] == "0.1.0", where
         assert labels["app.kubernetes.io/name"] in ("trainhook", "hook"), where
-        assert labels["app.kubernetes.io/component"] in ("webhook", "training"), where
+        assert labels["app.kubernetes.io/component"] in ("webhook", "training", "launcher"), where
         assert labels["helm.sh/chart"] == "trainhook-0.1.0", where
         if manifest["kind"] not in ("MutatingWebhookConfiguration", "ClusterRole", "ClusterRoleBinding"):
             assert manifest["metadata"]["namespace"], where
@@ -509,12 +509,38 @@ def test_self_managed_may_touch_only_its_own_secret_and_its_own_webhook_configur
 
 
 @pytest.mark.parametrize("name", value_sets("cert-manager") + value_sets("secret"))
-def test_other_modes_give_the_webhook_no_api_access_at_all(rendered, name):
+def test_other_modes_give_the_webhook_api_access_for_the_launcher_configmaps_only(rendered, name):
     manifests = rendered[name]
     webhook_roles = [m for m in manifests if m["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
                      and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"]
     assert webhook_roles == []
-    assert find(manifests, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    fullname = find(manifests, "Deployment")["metadata"]["name"]
+    roles = find_all(manifests, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(set(FULL["trainingNamespaces"]) if "full" in
+                                                                        name else {"default"})
+    for role in roles:
+        assert role["metadata"]["name"] == f"{fullname}-launcher"
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}]
+    assert find(manifests, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    # Without launcherConfigMap, no API access at all: no token, no Role.
+    off = render_chart({"launcherConfigMap": False, **SECRET_MODE},
+                       NAMESPACE)
+    assert find_all(off, "Role") == [] and find(off, "Deployment")["spec"]["template"]["spec"][
+        "automountServiceAccountToken"] is False
+    env = {e["name"] for e in find(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES" not in env
+
+
+def test_the_webhook_keeps_the_launcher_configmap_in_the_training_namespaces(rendered):
+    manifests = rendered["self-managed-full"]
+    [container] = find(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES"] == ",".join(FULL["trainingNamespaces"])
+    account = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    bindings = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"].endswith("-launcher")]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(FULL["trainingNamespaces"])
+    for binding in bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
 
 
 @pytest.mark.parametrize("name", list(VALUE_SETS))

@@ -21,6 +21,7 @@ import json
 import posixpath
 
 from trainhook import keys
+from trainhook.webhook import launcher_configmap
 from trainhook.webhook.frameworks.mpi import LAUNCHER, WORKER
 from trainhook.webhook.gang import Member, Problems, Shape
 
@@ -115,17 +116,26 @@ def mount_launcher(container: dict) -> None:
         container["volumeMounts"] = mounts + [dict(MOUNT)]
 
 
-def add_volume(spec: dict) -> None:
+def add_volume(spec: dict, configmap: str | None) -> None:
+    """The launcher volume: the ConfigMap `configmap` where the namespace has one, else an emptyDir that the
+    init container fills. One that an earlier admission added stays as it is."""
     volumes = spec.get("volumes") or []
-    if not any(v.get("name") == keys.LAUNCHER_VOLUME for v in volumes):  # else ours, from an earlier admission
-        spec["volumes"] = volumes + [{"name": keys.LAUNCHER_VOLUME, "emptyDir": {}}]
+    if not any(v.get("name") == keys.LAUNCHER_VOLUME for v in volumes):
+        new = launcher_configmap.volume(configmap) if configmap else {"name": keys.LAUNCHER_VOLUME, "emptyDir": {}}
+        spec["volumes"] = volumes + [new]
+
+
+def delivered_by_configmap(spec: dict) -> bool:
+    """Whether the pod's launcher volume is a ConfigMap (then no init container is needed to fill it)."""
+    return any(v.get("name") == keys.LAUNCHER_VOLUME and v.get("configMap") is not None
+               for v in spec.get("volumes") or [])
 
 
 def user_volume_clash(spec: dict, container: dict, problems: Problems) -> bool:
     """A user's own volume under our name, or the training container's own mount at our path, would hide the
     launcher: say so."""
     for volume in spec.get("volumes") or []:
-        if volume.get("name") == keys.LAUNCHER_VOLUME and volume.get("emptyDir") is None:
+        if volume.get("name") == keys.LAUNCHER_VOLUME and not launcher_configmap.is_ours(volume):
             problems.add("spec.volumes", keys.LAUNCHER_VOLUME, "the name of the volume trainhook delivers its "
                          "launcher in", f"rename your volume, or opt out with {keys.LAUNCHER}: none")
             return True
@@ -158,9 +168,11 @@ def resolve_other_containers(spec: dict, training: dict) -> None:
             spec[field] = updated
 
 
-def deliver_launcher(spec: dict, container: dict, member: Member, annotations: dict, problems: Problems) -> bool:
-    """Wrap the training container's command in the delivered launcher and give the pod the launcher volume.
-    Returns whether the launcher is delivered (the init container must then install it). Idempotent."""
+def deliver_launcher(spec: dict, container: dict, member: Member, annotations: dict, problems: Problems,
+                     configmap: str | None = None) -> bool:
+    """Wrap the training container's command in the delivered launcher and give the pod the launcher volume
+    (the ConfigMap `configmap` when given: webhook/launcher_configmap.py). Returns whether the launcher is
+    delivered (into an emptyDir, the init container must then install it). Idempotent."""
     # Every pod of every gang comes through here: the checks that rarely apply are guarded by what they need.
     if keys.LAUNCHER in annotations and launcher_mode(annotations, problems) == keys.LAUNCHER_NONE:
         return False
@@ -176,7 +188,7 @@ def deliver_launcher(spec: dict, container: dict, member: Member, annotations: d
     if container.get("command") != new_command:
         container["command"] = new_command
     mount_launcher(container)
-    add_volume(spec)
+    add_volume(spec, configmap)
     if "initContainers" in spec or len(spec["containers"]) > 1:
         resolve_other_containers(spec, container)
     return True

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from trainhook import keys
-from trainhook.webhook.delivery import deliver_launcher
+from trainhook.webhook.delivery import deliver_launcher, delivered_by_configmap
 from trainhook.webhook.frameworks import framework_env, framework_pod_hook
 from trainhook.webhook.gang import DNS_LABEL, Member, Problems, gang_token, parse_shape
 from trainhook.webhook.jsondiff import json_copy
@@ -290,8 +290,10 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     set_address(pod, member, problems)
     set_env(container, injected, warnings)
     framework_pod_hook(member, spec, container, problems)
-    delivered = deliver_launcher(spec, container, member, annotations, problems)
+    configmap = settings.launcher_configmap if namespace in settings.launcher_namespaces else None
+    delivered = deliver_launcher(spec, container, member, annotations, problems, configmap)
     set_tolerations(spec, gpus, settings)
-    set_gang_wait(spec, member, gang, settings, delivered)
+    if not (delivered and delivered_by_configmap(spec)):  # else the launcher's own barrier is the gang wait
+        set_gang_wait(spec, member, gang, settings, delivered)
     set_gang_scheduling(pod, member, problems, warnings)
     return pod, problems

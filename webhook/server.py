@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import secrets
 import signal
 import ssl
@@ -24,11 +26,12 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from trainhook.webhook import launcher_configmap
 from trainhook.webhook.observability import Metrics, configure_logging
 from trainhook.webhook.review import BadReview, json_bytes, review
 from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client, service_hostnames
 from trainhook.webhook.settings import (CERT_ENV, CERT_MODES, CertSettings, Settings, cert_settings_from_env,
-                                        parse_sans, parse_tolerations, settings_from_env)
+                                        parse_namespaces, parse_sans, parse_tolerations, settings_from_env)
 from trainhook.webhook.tlsreload import BadPair, CertReloader, server_context
 
 
@@ -51,7 +54,15 @@ class Lifecycle:
         return None
 
 
-SETTINGS = web.AppKey("settings", Settings)
+@dataclass
+class CurrentSettings:
+    """The Settings each review reads: replaced whole (never changed in place) when the launcher ConfigMaps are
+    written, so a review in flight keeps the one it started with."""
+
+    settings: Settings
+
+
+SETTINGS = web.AppKey("settings", CurrentSettings)
 METRICS = web.AppKey("metrics", Metrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 # The largest AdmissionReview accepted: a Kubernetes object is at most ~1.5 MiB (etcd's limit), and a
@@ -93,7 +104,7 @@ async def answer_review(request: web.Request) -> web.Response:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return bad_request(metrics, f"the body is not JSON: {e}")
     try:
-        reviewed = review(body, request.app[SETTINGS])
+        reviewed = review(body, request.app[SETTINGS].settings)
     except BadReview as e:
         return bad_request(metrics, str(e))
     metrics.admitted(reviewed.kind, reviewed.outcome)
@@ -124,7 +135,7 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
-    app[SETTINGS] = settings
+    app[SETTINGS] = CurrentSettings(settings)
     app[METRICS] = Metrics()
     app[LIFECYCLE] = Lifecycle()
     app.router.add_post("/mutate", mutate_handler)
@@ -163,6 +174,42 @@ def watch_certificates(app: web.Application, reloader: CertReloader, reload_inte
         app[LIFECYCLE].checks.append(lambda: None if reloader.loaded else "no serving certificate loaded yet")
 
 
+def keep_launcher_configmaps(app: web.Application, api_client, namespaces: tuple[str, ...],
+                            interval: float = 300.0) -> None:
+    """Write the launcher ConfigMap into `namespaces` before turning ready, then again every `interval` (someone
+    may delete one); reviews use it where it was written (webhook/launcher_configmap.py)."""
+    from kubernetes import client
+    zip_bytes, shim = launcher_configmap.content()
+    name = launcher_configmap.configmap_name(zip_bytes, shim)
+    published: list[bool] = []
+
+    async def keep(app: web.Application):
+        async def loop():
+            while True:
+                try:
+                    core = client.CoreV1Api(api_client or kube_client())
+                    done = await asyncio.to_thread(launcher_configmap.publish, core, namespaces, name, zip_bytes,
+                                                   shim)
+                except Exception as e:  # noqa: BLE001  no API at all: serve with the init container, say why
+                    log.warning("cannot write the launcher ConfigMaps; pods get the gang-wait init container",
+                                extra={"error": str(e)})
+                    done = frozenset()
+                current = app[SETTINGS]
+                if done != current.settings.launcher_namespaces or not published:
+                    current.settings = dataclasses.replace(current.settings, launcher_configmap=name,
+                                                           launcher_namespaces=done)
+                    log.info("launcher ConfigMap", extra={"configmap": name, "namespaces": sorted(done)})
+                published[:] = [True]
+                await asyncio.sleep(interval)
+        job = asyncio.create_task(loop())
+        yield
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+
+    app.cleanup_ctx.append(keep)
+    app[LIFECYCLE].checks.append(lambda: None if published else "the launcher ConfigMaps are not written yet")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = settings_from_env()
     defaults = Settings(**env)
@@ -189,6 +236,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gang-key-file", default=None,
                         help="file holding the key gang tokens are derived from; every replica must share it "
                              "(env TRAINHOOK_WEBHOOK_GANG_KEY holds the key itself; the chart keeps it in a Secret)")
+    parser.add_argument("--launcher-namespaces", default=os.environ.get("TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES", ""),
+                        help="comma-separated namespaces where the webhook keeps the launcher ConfigMap, so their "
+                             "pods start without an init container (env TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES; the "
+                             "chart sets its trainingNamespaces)")
     parser.add_argument("--log-level", default="INFO")
     certs = parser.add_argument_group("certificates", "self-managed: the webhook keeps its CA and serving pair "
                                       "in one Secret and writes the caBundle of its webhook configuration")
@@ -231,6 +282,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.settings = Settings(launcher_image=args.launcher_image, extra_tolerations=tolerations,
                              cluster_domain=args.cluster_domain, wait_timeout=args.wait_timeout,
                              gang_key=gang_key)
+    args.launcher_namespaces = parse_namespaces(args.launcher_namespaces)
     args.certs = CertSettings(
         mode=args.cert_mode, cert_file=args.tls_cert, key_file=args.tls_key,
         reload_interval=args.tls_reload_interval, secret_name=args.secret_name,
@@ -291,6 +343,8 @@ async def run(args: argparse.Namespace) -> int:
         return 2
     app = create_app(args.settings)
     watch_certificates(app, reloader, certs.reload_interval, manager, certs.sync_interval)
+    if args.launcher_namespaces:
+        keep_launcher_configmaps(app, api_client if manager else None, args.launcher_namespaces)
     await serve(app, args.host, args.port, reloader.context)
     return 0
 

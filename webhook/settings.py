@@ -26,6 +26,10 @@ class Settings:
     # no one outside a gang can forge its launchers' completion or failure messages. Every replica must share
     # it (the chart keeps it in a Secret); empty means no token is injected.
     gang_key: bytes = b""
+    # The launcher ConfigMap (webhook/launcher_configmap.py) and the namespaces where the server has written it:
+    # pods there mount it instead of getting the launcher from an init container. Empty until it is written.
+    launcher_configmap: str = ""
+    launcher_namespaces: frozenset = frozenset()
 
 
 def parse_tolerations(text: str) -> tuple[dict, ...]:
@@ -39,6 +43,11 @@ def parse_tolerations(text: str) -> tuple[dict, ...]:
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise ValueError("extra tolerations must be a JSON list of toleration objects")
     return tuple(value)
+
+
+def parse_namespaces(text: str) -> tuple[str, ...]:
+    """Comma-separated namespace names (the chart's trainingNamespaces)."""
+    return tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
 
 
 def settings_from_env(environ: dict[str, str] | None = None) -> dict:

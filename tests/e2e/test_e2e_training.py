@@ -49,6 +49,16 @@ def test_the_pytorch_ddp_example_trains_across_four_pods(node, release):
         node.apply(NAMESPACE, manifests)
         for i in range(4):
             followers[f"ddp-{i}"] = LogFollower(node, NAMESPACE, f"ddp-{i}", "trainer")
+        # The command is the user's, under the delivered launcher, which the pod mounts from the webhook's
+        # ConfigMap in this training namespace (the chart's trainingNamespaces): no init container.
+        spec = wait_for(lambda: node.pod(NAMESPACE, "ddp-1")["spec"], 60, "pod ddp-1")
+        assert spec["containers"][0]["command"] == [
+            "/trainhook/bin/trainhook-launch", "run", "--", "torchrun", "/workspace/ddp.py"]
+        assert "initContainers" not in spec, spec
+        (launcher,) = [v for v in spec["volumes"] if v["name"] == "trainhook-launcher"]
+        config_map = json.loads(node.kubectl("get", "configmap", launcher["configMap"]["name"], "-n", NAMESPACE,
+                                             "-o", "json"))
+        assert set(config_map["binaryData"]) == {"launcher.pyz"} and set(config_map["data"]) == {"trainhook-launch"}
 
         def finished():
             sts = json.loads(node.kubectl("get", "statefulset", "ddp", "-n", NAMESPACE, "-o", "json"))
@@ -68,10 +78,6 @@ def test_the_pytorch_ddp_example_trains_across_four_pods(node, release):
         for name, follower in followers.items():  # each rank trained once, under the delivered launcher
             assert follower.text.count(": training") == 1, follower.text[-2000:]
             assert "trainhook-launch run: gang succeeded" in follower.text
-        pod = json.loads(node.kubectl("get", "pod", "ddp-1", "-n", NAMESPACE, "-o", "json", check=False) or "{}")
-        if pod:  # not yet deleted by the scale to zero: the command is the user's, under the delivered launcher
-            assert pod["spec"]["containers"][0]["command"] == [
-                "/trainhook/bin/trainhook-launch", "run", "--", "torchrun", "/workspace/ddp.py"]
         # The launcher recorded the outcome and scaled the finished StatefulSet to zero: it does not retrain.
         assert sts["metadata"]["annotations"]["trainhook.dev/exit-code"] == "0"
         wait_for(lambda: json.loads(node.kubectl("get", "statefulset", "ddp", "-n", NAMESPACE, "-o", "json"))
