@@ -28,16 +28,23 @@ def nproc_per_node(member: Member, gpus: int, problems: Problems) -> tuple[str, 
     return "1", 1
 
 
+def parse_elastic(text: str) -> tuple[int, int] | None:
+    """(min, max) of a `trainhook.dev/elastic` value, or None when it is not `min:max` with 1 <= min <= max."""
+    match = ELASTIC_RANGE.match(text.strip())
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        return None
+    return int(match[1]), int(match[2])
+
+
 def elastic_range(member: Member, problems: Problems) -> tuple[int, int] | None:
     """The `min:max` of an elastic gang, validated against its shape; None when the gang is not elastic."""
     text = member.option(keys.ELASTIC).strip()
     if not text:
         return None
-    match = ELASTIC_RANGE.match(text)
-    if not match or not 1 <= int(match[1]) <= int(match[2]):
+    parsed = parse_elastic(text)
+    if parsed is None:
         problems.add(keys.ELASTIC, text, "not an elastic range", "write min:max with 1 <= min <= max, e.g. 2:4")
-        return None
-    return int(match[1]), int(match[2])
+    return parsed
 
 
 def check_shape(shape: Shape, problems: Problems) -> None:
