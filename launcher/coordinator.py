@@ -18,6 +18,7 @@ The rules (contract section 7):
   finished its part of the current attempt (its container restarted) is told so and does not run it again.
 - A coordinator that starts while members report an attempt already under way is a restarted rank 0: its
   training was lost, which is handled as rank 0 failing with 129. An outcome any member reports is adopted.
+- An elastic gang (PyTorch `trainhook.dev/elastic: min:max`) changes size while it runs: elastic.py says how.
 """
 
 from __future__ import annotations
@@ -31,64 +32,15 @@ from typing import Callable
 
 from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher.gang_protocol import set_keepalive
+from trainhook.launcher import elastic
 from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang_report import DONE, EXITED, IDLE, RUNNING, STOPPED, Record, Report
 from trainhook.launcher.lifecycle import (ACTIVE_DEADLINE_SECONDS, EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED,
                                           FAILED, RESTART_GANG, SUCCEEDED, Outcome, Policy, now_rfc3339, retryable)
 from trainhook.launcher.wait import describe, listen
 
-# A member's status, as it reports it (and as the coordinator records it).
-IDLE, RUNNING, EXITED, STOPPED, DONE = "idle", "running", "exited", "stopped", "done"
-STATUSES = (IDLE, RUNNING, EXITED, STOPPED, DONE)
 ASSEMBLING, RUNNING_PHASE, RESTARTING, DONE_PHASE = "assembling", "running", "restarting", "done"
 TICK = 0.5
-
-
-@dataclass
-class Report:
-    """A member's account of itself: sent on joining and whenever it changes."""
-
-    attempt: int = 0
-    status: str = IDLE
-    code: int | None = None
-    restarts: int = 0
-    since: float | None = None  # wall-clock time the gang's first attempt started, as this member knows it
-    outcome: dict | None = None
-
-    def to_dict(self) -> dict:
-        return {"attempt": self.attempt, "status": self.status, "code": self.code, "restarts": self.restarts,
-                "since": self.since, "outcome": self.outcome}
-
-    @classmethod
-    def from_dict(cls, data: object) -> Report:
-        """A report from the wire; ValueError for anything malformed (signed by a member, but still checked)."""
-        if not isinstance(data, dict):
-            raise ValueError("report is not an object")
-        status = data.get("status")
-        if status not in STATUSES:
-            raise ValueError(f"unknown status {status!r}")
-        attempt, restarts, code = data.get("attempt", 0), data.get("restarts", 0), data.get("code")
-        since, outcome = data.get("since"), data.get("outcome")
-        if not isinstance(attempt, int) or not isinstance(restarts, int) or attempt < 0 or restarts < 0:
-            raise ValueError("attempt and restarts must be non-negative integers")
-        if code is not None and not isinstance(code, int):
-            raise ValueError("code must be an integer")
-        if since is not None and not isinstance(since, (int, float)):
-            raise ValueError("since must be a number")
-        if outcome is not None:
-            Outcome.from_dict(outcome)
-        return cls(attempt, status, code, restarts, since, outcome)
-
-
-@dataclass
-class Record:
-    """What the coordinator knows of one member."""
-
-    connection: int = 0  # the live connection's id; 0 when the member is not connected
-    attempt: int = 0
-    status: str = IDLE
-    code: int | None = None
-    acked: bool = False  # it acknowledged the outcome
-    told: int = 0  # the connection it was last told the outcome on
 
 
 def deciding_rank(gang: Gang) -> int:
@@ -120,11 +72,16 @@ class GangState:
     outbox: list[tuple[int, dict]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
     decider: int = field(init=False, default=0)  # deciding_rank(gang)
+    short_since: float | None = None  # an elastic gang has had fewer than min members since
 
     def __post_init__(self) -> None:
         self.records = [Record() for _ in self.gang.peers]
         self.barrier_since = self.now
         self.decider = deciding_rank(self.gang)
+
+    @property
+    def elastic(self) -> bool:
+        return self.gang.elastic is not None
 
     # --- events ---------------------------------------------------------------------------------------------
     def adopt(self, outcome: Outcome, source: str) -> None:
@@ -138,7 +95,7 @@ class GangState:
         if record.connection and record.connection != connection:
             self.log.append(f"{self.gang.peers[rank]} connected again: its previous launcher is gone")
             self.lost(rank, record.connection)
-        record.connection = connection
+        record.connection, record.left = connection, False
         self._learn(rank, report)
         if self.outcome is not None:
             self._tell_outcome(rank)
@@ -148,14 +105,26 @@ class GangState:
         if finished:  # a restarted launcher of a member that already finished this attempt: it must not rerun it
             self.log.append(f"{self.gang.peers[rank]} rejoined; it finished its part of attempt {self.attempt} "
                             f"already and will not run it again")
-        elif current and record.status == RUNNING:
+        elif current and record.status == RUNNING and not self.elastic:
             record.status, record.code = report.status, report.code
             self._failure(rank, EXIT_LOST, f"{self.gang.peers[rank]} lost its training (its launcher restarted)")
+        elif current and record.status == RUNNING:
+            record.status, record.code = IDLE, None  # its training is gone; elastic.joins_running starts it
         else:
             self._take(rank, report)
         self.outbox.append((rank, {"type": "welcome", "attempt": self.attempt, "phase": self.phase,
                                    "restarts": self.restarts, "since": self.since, "finished": finished}))
+        if self.elastic and not finished:
+            elastic.joins_running(self, rank, report)
         self._advance()
+
+    def left(self, rank: int, connection: int, why: str) -> None:
+        """An elastic gang's member says it is leaving (its launcher got SIGTERM: a scale-down or its pod
+        deleted): not a failure, the others go on (torchrun's rendezvous); a fixed-size gang's leave is its
+        loss, judged when its training's exit is reported."""
+        if connection == self.records[rank].connection and self.elastic and self.outcome is None:
+            elastic.leaves(self, rank, why)
+            self._advance()
 
     def reported(self, rank: int, connection: int, report: Report) -> None:
         record = self.records[rank]
@@ -168,6 +137,8 @@ class GangState:
             else:
                 self._tell_outcome(rank)
             return
+        if record.left:
+            return  # what its training does as it leaves (stopped by SIGTERM) is no news for the gang
         self._take(rank, report)
         self._advance()
 
@@ -176,7 +147,9 @@ class GangState:
         if connection != record.connection:
             return
         record.connection = 0
-        if self.outcome is None and self.phase == RUNNING_PHASE and record.attempt == self.attempt \
+        if self.elastic and self.outcome is None:
+            elastic.lost(self, rank)
+        elif self.outcome is None and self.phase == RUNNING_PHASE and record.attempt == self.attempt \
                 and record.status == RUNNING:
             self._failure(rank, EXIT_LOST, f"{self.gang.peers[rank]}: its launcher went away (pod deleted or "
                                            f"evicted, container killed, or node lost)")
@@ -191,9 +164,14 @@ class GangState:
                                  f"{ACTIVE_DEADLINE_SECONDS}={self.policy.deadline:g}s", 0, now_rfc3339(),
                                  self.attempt, self.restarts))
             return
+        if self.elastic:
+            elastic.tick(self, now)
+            if self.outcome is not None:
+                return
         if self.phase in (ASSEMBLING, RESTARTING) and now - self.barrier_since > self.policy.join_timeout:
             missing = [self.gang.peers[r] for r, rec in enumerate(self.records)
-                       if not rec.connection or rec.status == RUNNING]
+                       if (not rec.connection or rec.status == RUNNING)
+                       and (not self.elastic or r < self.gang.assembled_at)]
             verb = "join" if self.phase == ASSEMBLING else "come back for the restart"
             hint = ("; does every member's command run under `trainhook-launch run`?" if self.phase == ASSEMBLING
                     else "")
@@ -203,8 +181,8 @@ class GangState:
 
     # --- helpers ----------------------------------------------------------------------------------------------
     def delivered(self) -> bool:
-        """Every member has acknowledged the outcome."""
-        return self.outcome is not None and all(r.acked for r in self.records)
+        """Every member has acknowledged the outcome (of an elastic gang: every member that is here)."""
+        return self.outcome is not None and all(r.acked for r in self.records if r.present or not self.elastic)
 
     def _learn(self, rank: int, report: Report) -> None:
         """Take what a member knows and this coordinator does not (after rank 0's launcher restarted)."""
@@ -289,15 +267,20 @@ class GangState:
         """The barrier: start the next attempt once every member is connected and none is still running."""
         if self.phase not in (ASSEMBLING, RESTARTING):
             return
-        if not all(r.connection and r.status != RUNNING for r in self.records):
+        if not (elastic.ready(self) if self.elastic else
+                all(r.connection and r.status != RUNNING for r in self.records)):
             return
         self.attempt += 1
         if self.since is None:
             self.since = self.now
         self.phase = RUNNING_PHASE
-        self.log.append(f"attempt {self.attempt}: all {len(self.records)} members are here; starting the training"
+        starting = [rank for rank, r in enumerate(self.records) if r.present or not self.elastic]
+        self.log.append(f"attempt {self.attempt}: " + (f"{len(starting)} members are here (elastic: at least "
+                        f"{self.gang.assembled_at}, at most {self.gang.size})" if self.elastic else
+                        f"all {len(self.records)} members are here") + "; starting the training"
                         + (f" (gang restart {self.restarts})" if self.restarts else ""))
-        for rank, record in enumerate(self.records):
+        for rank in starting:
+            record = self.records[rank]
             record.attempt, record.status, record.code = self.attempt, RUNNING, None
             self.outbox.append((rank, {"type": "start", "attempt": self.attempt, "restarts": self.restarts,
                                        "since": self.since}))
@@ -438,6 +421,11 @@ class Coordinator:
                 body = channel.receive()
                 if body is None:
                     break
+                if body.get("type") == "leave":
+                    with self.lock:
+                        self.state.left(rank, connection, str(body.get("why", ""))[:200])
+                        self._flush()
+                    continue
                 if body.get("type") != "state":
                     raise wire.Refused(f"unexpected message {str(body)[:120]}")
                 report = Report.from_dict(body.get("report"))

@@ -56,10 +56,18 @@ class Gang:
     gang_wait: str
     gang_wait_port: int
     wait_timeout: float
+    # PyTorch elastic (min, max) nodes, from PET_NNODES=min:max; None for a fixed-size gang. An elastic gang's
+    # `peers` are every member it may have (max of them): which of them exist changes while it runs.
+    elastic: tuple[int, int] | None = None
 
     @property
     def size(self) -> int:
         return len(self.peers)
+
+    @property
+    def assembled_at(self) -> int:
+        """How many members the gang needs to start: all of them, or an elastic gang's min."""
+        return self.elastic[0] if self.elastic else self.size
 
     @property
     def me(self) -> Peer:
@@ -150,6 +158,29 @@ def build_peers(shape: list[tuple[str, int]], hosts: Mapping[str, str], subdomai
     return tuple(peers)
 
 
+def elastic_range(env: Mapping[str, str], framework: str, problems: list[str]) -> tuple[int, int] | None:
+    """(min, max) of a PyTorch elastic gang from PET_NNODES=min:max (the webhook writes it only together with the
+    c10d rendezvous variables); None for a fixed-size gang."""
+    text = env.get(keys.PET_NNODES, "").strip()
+    if framework != keys.PYTORCH or ":" not in text or not env.get(keys.PET_RDZV_BACKEND, "").strip():
+        return None
+    low, _, high = text.partition(":")
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+        problems.append(f"{keys.PET_NNODES}={text!r}: not an elastic range min:max with 1 <= min <= max "
+                        f"(the {keys.ELASTIC} annotation)")
+        return None
+    return int(low), int(high)
+
+
+def elastic_shape(shape: list[tuple[str, int]], elastic: tuple[int, int]) -> list[tuple[str, int]]:
+    """The shape an elastic gang may grow to: its last role (the workers) extended so the gang has `max`
+    members. The stamped shape is the size it was created with; a scale within min..max never re-stamps it
+    (the scale subresource carries no template), so the launcher counts peers up to max instead."""
+    others = sum(count for _, count in shape[:-1])
+    role, count = shape[-1]
+    return shape[:-1] + [(role, max(count, elastic[1] - others))]
+
+
 def parse_gang(env: Mapping[str, str]) -> Gang:
     """Read the gang from the TRAINHOOK_* variables; raise ConfigError listing every missing or bad one."""
     problems = Problems()
@@ -176,8 +207,17 @@ def parse_gang(env: Mapping[str, str]) -> Gang:
         problems.append(f"{keys.TH_GANG_WAIT}={gang_wait!r}: use one of {', '.join(keys.GANG_WAIT_MODES)}")
     wait_port = parse_number(env, keys.TH_GANG_WAIT_PORT, keys.GANG_WAIT_PORT, 1, 65535, problems)
     timeout = parse_number(env, keys.TH_WAIT_TIMEOUT, 600.0, 0.0, 1e9, problems, integer=False)
+    elastic = elastic_range(env, framework, problems)
 
     rank = -1
+    if shape is not None and elastic is not None:
+        grown = elastic_shape(shape, elastic)
+        if role and index is not None and dict(grown).get(role) and index >= dict(grown)[role]:
+            problems.append(f"{keys.TH_INDEX}={env.get(keys.TH_INDEX)!r}: this pod is beyond the elastic gang's "
+                            f"maximum of {elastic[1]} members ({keys.ELASTIC}={elastic[0]}:{elastic[1]}); scale the "
+                            f"workload to at most {dict(grown)[role]} {role} replicas, or raise the maximum")
+            index = None  # said once, here, rather than again as "role has only N members"
+        shape = grown
     if shape is not None:
         counts = dict(shape)
         if hosts_text and hosts:
@@ -203,4 +243,5 @@ def parse_gang(env: Mapping[str, str]) -> Gang:
     address = env.get(keys.TH_ADDRESS, "").strip() or peers[rank].address
     return Gang(framework=framework, job_name=job_name, namespace=namespace, role=role, index=int(index),
                 rank=rank, peers=peers, subdomain=subdomain, address=address, port=int(port),
-                gang_wait=gang_wait, gang_wait_port=int(wait_port), wait_timeout=float(timeout or 0.0))
+                gang_wait=gang_wait, gang_wait_port=int(wait_port), wait_timeout=float(timeout or 0.0),
+                elastic=elastic)

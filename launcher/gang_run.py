@@ -81,6 +81,15 @@ class Link(threading.Thread):
                 except OSError:
                     pass  # the reader sees the loss; the next join carries this report
 
+    def leave(self, why: str) -> None:
+        """Tell the coordinator this member is leaving an elastic gang (see elastic.py), if connected."""
+        with self.lock:
+            if self.channel is not None:
+                try:
+                    self.channel.send({"type": "leave", "why": why})
+                except OSError:
+                    pass  # the coordinator sees the connection go instead
+
     def close(self) -> None:
         self.closing.set()
         with self.lock:
@@ -246,6 +255,12 @@ class Member:
         kind = event[0]
         if kind == "signal":
             signum = event[1]
+            if signum in (signal.SIGTERM, signal.SIGINT) and self.gang.elastic and self.gang.rank != 0 \
+                    and self.outcome is None and self.terminating is None:
+                # Before the training sees the signal: the gang must hear "leaving", not "failed".
+                say(f"stopped by {signal.Signals(signum).name}: leaving the elastic gang (a scale-down, or this pod "
+                    f"is being deleted); the others go on without it")
+                self.link.leave(f"{self.gang.me.role}-{self.gang.me.index} got {signal.Signals(signum).name}")
             if self.training is not None:
                 self.training.signal(signum)
             if signum in (signal.SIGTERM, signal.SIGINT):

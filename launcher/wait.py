@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterable
 
 from trainhook.launcher.gang import Gang, Peer
@@ -253,11 +254,27 @@ def why_missing(peer: Peer, barrier: Barrier) -> str:
     return "; ".join(reasons)
 
 
+def elastic_wait_view(gang: Gang) -> Gang:
+    """What an elastic gang's pod waits for: its first `min` members (the ones any size within min..max has),
+    never all `max` it may grow to, which would not exist. A member beyond `min` (added by a scale-up, after the
+    first members' init containers are done) cannot run the tcp barrier, nobody would answer it: it waits for
+    their addresses to resolve instead, and torchrun's rendezvous lets it join the running gang."""
+    low = gang.assembled_at
+    mode = gang.gang_wait if gang.rank < low else "dns"
+    if mode != gang.gang_wait:
+        say(f"{gang.me} is beyond the elastic gang's first {low} members: waiting for their addresses (dns) "
+            f"instead of the tcp barrier, which they ran at the gang's start")
+    first = gang.peers[:low] + ((gang.me,) if gang.rank >= low else ())
+    return replace(gang, peers=first, gang_wait=mode, elastic=None)
+
+
 def wait(gang: Gang) -> int:
     """The `wait` command: 0 when the gang is assembled, EXIT_FAILED (and a message naming who) otherwise."""
     if gang.gang_wait == "none":
         say("gang wait is off (none); not waiting")
         return 0
+    if gang.elastic:
+        gang = elastic_wait_view(gang)
     say(f"{gang.gang_wait}: waiting up to {gang.wait_timeout:g}s for {gang.size} members of "
         f"{gang.namespace}/{gang.job_name}")
     if gang.gang_wait == "dns":

@@ -1,0 +1,69 @@
+"""What a member reports about itself and what the coordinator keeps of it: the data of the gang's wire.
+
+Kept apart from the coordinator's decisions (coordinator.py) so that the member's side (gang_run.py) and the
+decisions share one definition of a report, checked the same way wherever it is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainhook.launcher.lifecycle import Outcome
+
+# A member's status, as it reports it (and as the coordinator records it).
+IDLE, RUNNING, EXITED, STOPPED, DONE = "idle", "running", "exited", "stopped", "done"
+STATUSES = (IDLE, RUNNING, EXITED, STOPPED, DONE)
+
+
+@dataclass
+class Report:
+    """A member's account of itself: sent on joining and whenever it changes."""
+
+    attempt: int = 0
+    status: str = IDLE
+    code: int | None = None
+    restarts: int = 0
+    since: float | None = None  # wall-clock time the gang's first attempt started, as this member knows it
+    outcome: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {"attempt": self.attempt, "status": self.status, "code": self.code, "restarts": self.restarts,
+                "since": self.since, "outcome": self.outcome}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Report:
+        """A report from the wire; ValueError for anything malformed (signed by a member, but still checked)."""
+        if not isinstance(data, dict):
+            raise ValueError("report is not an object")
+        status = data.get("status")
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        attempt, restarts, code = data.get("attempt", 0), data.get("restarts", 0), data.get("code")
+        since, outcome = data.get("since"), data.get("outcome")
+        if not isinstance(attempt, int) or not isinstance(restarts, int) or attempt < 0 or restarts < 0:
+            raise ValueError("attempt and restarts must be non-negative integers")
+        if code is not None and not isinstance(code, int):
+            raise ValueError("code must be an integer")
+        if since is not None and not isinstance(since, (int, float)):
+            raise ValueError("since must be a number")
+        if outcome is not None:
+            Outcome.from_dict(outcome)
+        return cls(attempt, status, code, restarts, since, outcome)
+
+
+@dataclass
+class Record:
+    """What the coordinator knows of one member."""
+
+    connection: int = 0  # the live connection's id; 0 when the member is not connected
+    attempt: int = 0
+    status: str = IDLE
+    code: int | None = None
+    acked: bool = False  # it acknowledged the outcome
+    told: int = 0  # the connection it was last told the outcome on
+    left: bool = False  # an elastic gang's member that said it is leaving (scaled down, or its pod deleted)
+
+    @property
+    def present(self) -> bool:
+        """Connected and not leaving: a member the gang can count on now."""
+        return bool(self.connection) and not self.left
