@@ -228,9 +228,11 @@ def test_both_webhooks_fail_closed_without_side_effects_and_only_for_opted_in_ob
     values = merged(yaml.safe_load((CHART / "values.yaml").read_text()), VALUE_SETS[name])
     config = find(rendered[name], "MutatingWebhookConfiguration")
     hooks = {hook["name"]: hook for hook in config["webhooks"]}
-    assert set(hooks) == {"workloads.trainhook.dev", "services.trainhook.dev"}
+    assert set(hooks) == {"workloads.trainhook.dev", "services.trainhook.dev", "scale.trainhook.dev"}
     for hook in hooks.values():
-        assert hook["failurePolicy"] == "Fail"
+        # The scale check fails open: a Scale has no labels to select gangs by, so it sees every StatefulSet's
+        # scale, and an unlabeled StatefulSet must never depend on trainhook being up (tests/test_scale_chart.py).
+        assert hook["failurePolicy"] == ("Ignore" if hook["name"] == "scale.trainhook.dev" else "Fail")
         assert hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["reinvocationPolicy"] == "IfNeeded"
@@ -513,7 +515,10 @@ def test_other_modes_give_the_webhook_api_access_for_the_launcher_configmaps_onl
     manifests = rendered[name]
     webhook_roles = [m for m in manifests if m["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
                      and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"]
-    assert webhook_roles == []
+    # Besides the launcher ConfigMaps, only the scale check's reading of StatefulSets (tests/test_scale_chart.py).
+    assert [(m["kind"], m["metadata"]["name"]) for m in webhook_roles] == [
+        ("ClusterRole", f"{find(manifests, 'Deployment')['metadata']['name']}-statefulsets"),
+        ("ClusterRoleBinding", f"{find(manifests, 'Deployment')['metadata']['name']}-statefulsets")]
     fullname = find(manifests, "Deployment")["metadata"]["name"]
     roles = find_all(manifests, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(set(FULL["trainingNamespaces"]) if "full" in
@@ -522,11 +527,12 @@ def test_other_modes_give_the_webhook_api_access_for_the_launcher_configmaps_onl
         assert role["metadata"]["name"] == f"{fullname}-launcher"
         assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}]
     assert find(manifests, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
-    # Without launcherConfigMap, no API access at all: no token, no Role.
-    off = render_chart({"launcherConfigMap": False, **SECRET_MODE},
+    # Without launcherConfigMap and scaleCheck, no API access at all: no token, no Role.
+    off = render_chart({"launcherConfigMap": False, "scaleCheck": False, **SECRET_MODE},
                        NAMESPACE)
-    assert find_all(off, "Role") == [] and find(off, "Deployment")["spec"]["template"]["spec"][
-        "automountServiceAccountToken"] is False
+    assert find_all(off, "Role") == [] and [r for r in find_all(off, "ClusterRole")
+                                         if r["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"] == [] and find(off, "Deployment")["spec"][
+        "template"]["spec"]["automountServiceAccountToken"] is False
     env = {e["name"] for e in find(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES" not in env
 

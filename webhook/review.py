@@ -10,13 +10,14 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from trainhook.webhook.gang import Denied
 from trainhook.webhook.jsondiff import diff
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.mutate import is_opted_in, mutate
+from trainhook.webhook.scale import check_scale
 from trainhook.webhook.settings import Settings
 
 API_VERSION = "admission.k8s.io/v1"
@@ -83,14 +84,82 @@ def _response(uid: str, **fields: Any) -> dict:
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": {"uid": uid, **fields}}
 
 
-def review(body: Any, settings: Settings) -> Reviewed:
-    """Answer one AdmissionReview; raises BadReview for a malformed one."""
+class Workloads(Protocol):
+    """What a scale review reads: the webhook's StatefulSet cache (webhook/statefulset_cache.py)."""
+
+    synced: bool
+
+    def get(self, namespace: str, name: str) -> dict | None: ...
+
+
+def _size(obj: Any, field_name: str, where: str) -> int:
+    """A size field of a Scale or Job; absent is 0 (autoscaling/v1 ScaleSpec omits a zero `replicas`)."""
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    value = (spec or {}).get(field_name, 0) if isinstance(spec, dict) else 0
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadReview(f"{where}.spec.{field_name} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _refused(uid: str, kind: str, message: str, reason: str) -> Reviewed:
+    answer = _response(uid, allowed=False, status={"code": 403, "reason": "Forbidden",
+                                                   "message": "trainhook: " + message})
+    return Reviewed(answer, kind, "denied", [reason])
+
+
+def review_scale(request: dict, workloads: Workloads | None) -> Reviewed:
+    """A `statefulsets/scale` UPDATE (kubectl scale, an HPA, the launcher's scale to zero), checked against the
+    cached StatefulSet: the Scale in the review has no labels to say whether it is a gang (docs/webhook.md)."""
+    uid, kind = request["uid"], request["kind"]["kind"]
+    resource = request.get("resource") if isinstance(request.get("resource"), dict) else {}
+    if request["operation"] != "UPDATE" or resource.get("resource") != "statefulsets":
+        return Reviewed(_response(uid, allowed=True), kind, "unchanged")
+    obj = request["object"]
+    new = _size(obj, "replicas", "request.object")
+    old = _size(request.get("oldObject"), "replicas", "request.oldObject") if request.get("oldObject") else None
+    namespace = request.get("namespace") or obj.get("metadata", {}).get("namespace") or "default"
+    name = request.get("name") or obj.get("metadata", {}).get("name") or ""
+    if workloads is None or not workloads.synced:
+        warning = (f"trainhook: the size change of StatefulSet {namespace}/{name} was not checked (the webhook "
+                   "has not listed the StatefulSets yet); a trainhook gang that is not elastic cannot change size "
+                   "while it runs")
+        return Reviewed(_response(uid, allowed=True, warnings=[warning]), kind, "unchanged")
+    sts = workloads.get(namespace, name)
+    if sts is None:
+        return Reviewed(_response(uid, allowed=True), kind, "unchanged")
+    if old is not None:  # the size as the API server has it now, not as the cache last saw it
+        sts = {**sts, "spec": {**sts.get("spec", {}), "replicas": old}}
+    message = check_scale(sts, new)
+    if message is not None:
+        return _refused(uid, kind, message, "spec.replicas")
+    return Reviewed(_response(uid, allowed=True), kind, "unchanged")
+
+
+def check_job_parallelism(request: dict) -> str | None:
+    """An UPDATE of a labeled Job that changes spec.parallelism: the same rule as a StatefulSet's scale."""
+    old, obj = request.get("oldObject"), request["object"]
+    if not isinstance(old, dict) or not is_opted_in("Job", obj):
+        return None
+    new = _size(obj, "parallelism", "request.object")
+    if new == _size(old, "parallelism", "request.oldObject"):
+        return None
+    return check_scale({**old, "kind": "Job"}, new)
+
+
+def review(body: Any, settings: Settings, workloads: Workloads | None = None) -> Reviewed:
+    """Answer one AdmissionReview; raises BadReview for a malformed one. `workloads` answers scale reviews."""
     request = parse_review(body)
     uid, kind, operation = request["uid"], request["kind"]["kind"], request["operation"]
+    if request.get("subResource") == "scale":
+        return review_scale(request, workloads)
     if operation not in ("CREATE", "UPDATE"):
         return Reviewed(_response(uid, allowed=True), kind, "unchanged")
     obj = request["object"]
     namespace = request.get("namespace") or obj.get("metadata", {}).get("namespace") or "default"
+    if kind == "Job" and operation == "UPDATE":
+        message = check_job_parallelism(request)
+        if message is not None:
+            return _refused(uid, kind, message, "spec.parallelism")
     try:
         mutation = mutate(kind, operation, obj, namespace, settings)
     except Denied as denied:

@@ -30,6 +30,7 @@ from trainhook.webhook import launcher_configmap
 from trainhook.webhook.observability import Metrics, configure_logging
 from trainhook.webhook.review import BadReview, json_bytes, review
 from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client, service_hostnames
+from trainhook.webhook.statefulset_cache import StatefulSetCache, start_background
 from trainhook.webhook.settings import (CERT_ENV, CERT_MODES, CertSettings, Settings, cert_settings_from_env,
                                         parse_namespaces, parse_sans, parse_tolerations, settings_from_env)
 from trainhook.webhook.tlsreload import BadPair, CertReloader, server_context
@@ -65,6 +66,7 @@ class CurrentSettings:
 SETTINGS = web.AppKey("settings", CurrentSettings)
 METRICS = web.AppKey("metrics", Metrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+WORKLOADS = web.AppKey("workloads", StatefulSetCache)
 # The largest AdmissionReview accepted: a Kubernetes object is at most ~1.5 MiB (etcd's limit), and a
 # review of an UPDATE carries two of them.
 MAX_BODY = 4 * 1024 * 1024
@@ -104,7 +106,7 @@ async def answer_review(request: web.Request) -> web.Response:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return bad_request(metrics, f"the body is not JSON: {e}")
     try:
-        reviewed = review(body, request.app[SETTINGS].settings)
+        reviewed = review(body, request.app[SETTINGS].settings, request.app.get(WORKLOADS))
     except BadReview as e:
         return bad_request(metrics, str(e))
     metrics.admitted(reviewed.kind, reviewed.outcome)
@@ -210,6 +212,21 @@ def keep_launcher_configmaps(app: web.Application, api_client, namespaces: tuple
     app[LIFECYCLE].checks.append(lambda: None if published else "the launcher ConfigMaps are not written yet")
 
 
+def watch_statefulsets(app: web.Application, api_client) -> StatefulSetCache:
+    """Keep the gang StatefulSets that scale reviews are checked against (webhook/statefulset_cache.py), listed and
+    watched in a background thread while `app` runs. Readiness does not wait for it: until the first list, a
+    scale is allowed with a warning, as it is when the webhook is down (the chart's failurePolicy Ignore)."""
+    cache = app[WORKLOADS] = StatefulSetCache()
+
+    async def background(app: web.Application):
+        thread, stop = start_background(cache, api_client or kube_client())
+        yield
+        stop.set()
+
+    app.cleanup_ctx.append(background)
+    return cache
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = settings_from_env()
     defaults = Settings(**env)
@@ -240,6 +257,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="comma-separated namespaces where the webhook keeps the launcher ConfigMap, so their "
                              "pods start without an init container (env TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES; the "
                              "chart sets its trainingNamespaces)")
+    parser.add_argument("--watch-statefulsets", action="store_true",
+                        default=os.environ.get("TRAINHOOK_WEBHOOK_WATCH_STATEFULSETS", "") in ("1", "true"),
+                        help="list and watch StatefulSets (in-cluster or KUBECONFIG) to check statefulsets/scale "
+                             "reviews: a gang that is not elastic cannot change size in place (env "
+                             "TRAINHOOK_WEBHOOK_WATCH_STATEFULSETS=true; the chart sets it with scaleCheck)")
     parser.add_argument("--log-level", default="INFO")
     certs = parser.add_argument_group("certificates", "self-managed: the webhook keeps its CA and serving pair "
                                       "in one Secret and writes the caBundle of its webhook configuration")
@@ -345,6 +367,13 @@ async def run(args: argparse.Namespace) -> int:
     watch_certificates(app, reloader, certs.reload_interval, manager, certs.sync_interval)
     if args.launcher_namespaces:
         keep_launcher_configmaps(app, api_client if manager else None, args.launcher_namespaces)
+    if args.watch_statefulsets:
+        try:
+            watch_statefulsets(app, api_client if manager else kube_client())
+        except Exception as e:  # noqa: BLE001 - the client's loaders raise several unrelated types
+            print(f"trainhook-webhook: --watch-statefulsets: cannot reach the Kubernetes API (in-cluster or "
+                  f"KUBECONFIG): {e}", file=sys.stderr)
+            return 2
     await serve(app, args.host, args.port, reloader.context)
     return 0
 

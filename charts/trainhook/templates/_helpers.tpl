@@ -135,7 +135,6 @@ What both webhooks of the MutatingWebhookConfiguration share: fail closed, but o
 {{- define "trainhook.webhookCommon" -}}
 admissionReviewVersions: ["v1"]
 sideEffects: None
-failurePolicy: Fail
 matchPolicy: Equivalent
 reinvocationPolicy: IfNeeded
 timeoutSeconds: {{ .Values.timeoutSeconds }}
