@@ -33,7 +33,8 @@ WORKERS = statefulset("big-worker", 2, labels={"trainhook.dev/job-name": "big", 
                       annotations={"trainhook.dev/replicas": "master=1,worker=2"}, service="big")
 JOB = indexed_job("ij", 3)
 GPU_STS = stamped(statefulset("gpu", 2, containers=[container(gpus=8)]), "worker=2")
-ELASTIC = stamped(statefulset("el", 3, annotations={"trainhook.dev/elastic": "2:4"}), "worker=3")
+# An elastic gang's template carries its largest shape (max members), whatever spec.replicas is (contract 4).
+ELASTIC = stamped(statefulset("el", 3, annotations={"trainhook.dev/elastic": "2:4"}), "worker=4")
 ELASTIC["spec"]["template"]["metadata"]["annotations"]["trainhook.dev/elastic"] = "2:4"
 USER_ENV = [{"name": "RANK", "value": "7"}, {"name": "LR", "value": "$(WORLD_SIZE)"}]
 USER_ENV_STS = stamped(statefulset("mine", 2, containers=[container(env=USER_ENV)]), "worker=2")
@@ -81,9 +82,11 @@ CASES = [
            gang_env("ddp", "worker", 0, 0, "worker=4", "worker=ddp", "ddp", "ddp-0.ddp"))),
     ("an elastic gang gets a c10d rendezvous", "Pod", pod_of_statefulset(ELASTIC, 0),
      wired(pod_of_statefulset(ELASTIC, 0),
-           {**torch_env("el-0.el", 3, 0, nnodes="2:4"), "PET_RDZV_BACKEND": "c10d",
-            "PET_RDZV_ENDPOINT": "el-0.el:23456", "PET_RDZV_ID": "el", "PET_MAX_RESTARTS": "3"},
-           gang_env("el", "worker", 0, 0, "worker=3", "worker=el", "el", "el-0.el"))),
+           # No WORLD_SIZE or RANK: the size changes while the pods run; torchrun's rendezvous sets both.
+           {**{k: v for k, v in torch_env("el-0.el", 4, 0, nnodes="2:4").items() if k not in ("WORLD_SIZE", "RANK")},
+            "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "el-0.el:23456", "PET_RDZV_ID": "el",
+            "PET_MAX_RESTARTS": "3"},
+           gang_env("el", "worker", 0, 0, "worker=4", "worker=el", "el", "el-0.el"))),
     ("the user's variables are kept and come after the injected ones", "Pod", pod_of_statefulset(USER_ENV_STS, 1),
      wired(pod_of_statefulset(USER_ENV_STS, 1),
            {k: v for k, v in torch_env("mine-0.mine", 2, 1).items() if k != "RANK"},

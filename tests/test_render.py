@@ -154,8 +154,10 @@ def test_the_gang_options_become_the_contracts_annotations():
     assert objects[1]["spec"]["template"]["spec"]["priorityClassName"] == "high"
     explained = explain_text(to_yaml(objects))
     env = env_of(explained, 1)
-    assert (env["PET_NNODES"], env["PET_MAX_RESTARTS"], env["WORLD_SIZE"], env["MASTER_PORT"]) == \
-        ("1:3", "5", "4", "29500")
+    assert (env["PET_NNODES"], env["PET_MAX_RESTARTS"], env["PET_NPROC_PER_NODE"], env["MASTER_PORT"]) == \
+        ("1:3", "5", "2", "29500")
+    # elastic: no WORLD_SIZE/RANK in the pod (the size changes as it runs; torchrun sets them for its workers)
+    assert "WORLD_SIZE" not in env and "RANK" not in env
     assert explained.pods[1].pod["spec"]["priorityClassName"] == "high"
 
 

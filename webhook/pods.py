@@ -12,6 +12,7 @@ from typing import Any
 from trainhook import keys
 from trainhook.webhook.delivery import deliver_launcher, delivered_by_configmap
 from trainhook.webhook.frameworks import framework_env, framework_pod_hook
+from trainhook.webhook.frameworks.pytorch import elastic_shape, parse_elastic
 from trainhook.webhook.gang import DNS_LABEL, Member, Problems, gang_token, parse_shape
 from trainhook.webhook.jsondiff import json_copy
 from trainhook.webhook.lifecycle import check_lifecycle_options, lifecycle_env
@@ -135,6 +136,14 @@ def member_of(pod: dict, namespace: str, problems: Problems) -> Member | None:
         problems.add(keys.GANG_WAIT, annotations[keys.GANG_WAIT], "unknown gang-wait mode",
                      f"use one of {', '.join(keys.GANG_WAIT_MODES)}")
     if shape is None or index is None or not job_name or role not in keys.ROLES[framework]:
+        return None
+    elastic = parse_elastic(annotations.get(keys.ELASTIC, "")) if framework == keys.PYTORCH else None
+    if elastic is not None:  # any index below max: the gang may be scaled within min..max while it runs
+        shape = elastic_shape(shape, role, elastic)
+    if index >= shape.count(role) and elastic is not None:
+        problems.add(keys.ELASTIC, annotations[keys.ELASTIC], f"index {index} of role {role} is beyond the elastic "
+                     f"gang's maximum of {elastic[1]} members ({shape.count(role)} {role}s)",
+                     f"scale the workload to at most {shape.count(role)}, or raise the maximum")
         return None
     if index >= shape.count(role):
         problems.add(keys.REPLICAS, str(shape), f"index {index} of role {role} is outside the gang",

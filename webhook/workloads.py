@@ -11,6 +11,7 @@ import copy
 from trainhook import keys
 from trainhook.webhook.delivery import check_template
 from trainhook.webhook.frameworks import check_shape
+from trainhook.webhook.frameworks.pytorch import parse_elastic
 from trainhook.webhook.gang import Problems, Shape, check_gang_size, parse_shape
 from trainhook.webhook.lifecycle import check_lifecycle_options
 from trainhook.webhook.scheduling import set_priority_class
@@ -68,22 +69,55 @@ def gang_identity(obj: dict, problems: Problems) -> tuple[str, str, str]:
     return framework, job_name, role
 
 
+def elastic_option(obj: dict, framework: str, problems: Problems) -> tuple[int, int] | None:
+    """A PyTorch gang's `trainhook.dev/elastic` (min, max), the template's winning as it does when stamped."""
+    if framework != keys.PYTORCH:
+        return None
+    meta_annotations = obj.get("metadata", {}).get("annotations") or {}
+    template_annotations = obj["spec"].get("template", {}).get("metadata", {}).get("annotations") or {}
+    text = template_annotations.get(keys.ELASTIC, meta_annotations.get(keys.ELASTIC))
+    if text is None:
+        return None
+    parsed = parse_elastic(str(text))
+    if parsed is None:
+        problems.add(keys.ELASTIC, text, "not an elastic range", "write min:max with 1 <= min <= max, e.g. 2:4")
+    return parsed
+
+
+def check_elastic_size(elastic: tuple[int, int], others: int, replicas: int, field: str,
+                       problems: Problems) -> None:
+    """An elastic gang's workload may be at any size whose gang stays within min..max (or 0: stopped)."""
+    low, high = elastic
+    if replicas and not low <= others + replicas <= high:
+        problems.add(field, replicas, f"the elastic gang ({keys.ELASTIC}={low}:{high}) would have "
+                     f"{others + replicas} members", f"set {field} within {max(low - others, 0)}..{high - others}, "
+                     f"or change {keys.ELASTIC}")
+
+
 def workload_shape(obj: dict, framework: str, role: str, replicas: int, field: str,
-                   problems: Problems) -> Shape | None:
+                   problems: Problems, elastic: tuple[int, int] | None = None) -> Shape | None:
     """The gang's shape: the user's annotation (required for multi-role gangs), else this workload alone.
 
     A single-role annotation on the template is ours from an earlier admission, so it is re-derived from the
-    replica count (that is how a scaled StatefulSet gets its new shape); a multi-role one is the user's.
+    replica count (that is how a scaled StatefulSet gets its new shape); a multi-role one is the user's. An
+    elastic gang's is its largest shape (max members) whatever the replica count: a change of spec.replicas
+    within min..max (kubectl apply, an HPA) then leaves the template alone, and no running pod is rolled.
     """
     meta_annotations = obj.get("metadata", {}).get("annotations") or {}
     template_annotations = obj["spec"].get("template", {}).get("metadata", {}).get("annotations") or {}
     text = meta_annotations.get(keys.REPLICAS)
     if text is None and "," in template_annotations.get(keys.REPLICAS, ""):
         text = template_annotations[keys.REPLICAS]
+    if text is None and elastic is not None:
+        check_elastic_size(elastic, 0, replicas, field, problems)
+        high = elastic[1]
+        return Shape(((role, high),)) if check_gang_size(high, keys.ELASTIC, f"{elastic[0]}:{high}", problems) else None
     if text is None:
         return Shape(((role, replicas),)) if check_gang_size(replicas, field, replicas, problems) else None
     shape = parse_shape(text, framework, problems)
-    if shape is not None and shape.count(role) != replicas:
+    if shape is not None and elastic is not None:
+        check_elastic_size(elastic, shape.size - shape.count(role), replicas, field, problems)
+    elif shape is not None and shape.count(role) != replicas:
         problems.add(keys.REPLICAS, text, f"says {role}={shape.count(role)} but {field} is {replicas}",
                      f"make them agree (update {keys.REPLICAS} together with {field})")
     if shape is not None:
@@ -133,7 +167,8 @@ def mutate_statefulset(sts: dict, operation: str, warnings: list[str]) -> tuple[
     if problems:
         return sts, problems
     replicas = int(spec.get("replicas", 1))
-    shape = workload_shape(sts, framework, role, replicas, "spec.replicas", problems)
+    elastic = elastic_option(sts, framework, problems)
+    shape = workload_shape(sts, framework, role, replicas, "spec.replicas", problems, elastic)
     if shape is None:
         return sts, problems
     check_multi_role_names(sts["metadata"].get("name", ""), job_name, role, shape, problems)

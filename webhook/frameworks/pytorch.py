@@ -47,31 +47,42 @@ def elastic_range(member: Member, problems: Problems) -> tuple[int, int] | None:
     return parsed
 
 
+def elastic_shape(shape: Shape, role: str, elastic: tuple[int, int]) -> Shape:
+    """The shape an elastic gang may grow to: `role` extended so the gang has `max` members (never shrunk).
+
+    Every pod of an elastic gang is wired with this one shape (TRAINHOOK_REPLICAS, the indices admitted),
+    whatever the gang's size is at the moment, so scaling within min..max changes no pod's wiring and no
+    template (the launcher's `gang.elastic_shape` reads it the same way)."""
+    others = shape.size - shape.count(role)
+    grown = max(shape.count(role), elastic[1] - others)
+    return Shape(tuple((name, grown if name == role else count) for name, count in shape.counts))
+
+
 def check_shape(shape: Shape, problems: Problems) -> None:
     at_most_one(shape, "master", "a PyTorch gang", problems)
 
 
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
+    """Kubeflow PyTorchJob's variables. An elastic gang's pods get no WORLD_SIZE and RANK: its size changes
+    while the pods run (kubectl scale, an HPA), so any number stamped at admission would be wrong after the
+    next scale; torchrun's c10d rendezvous decides both and sets them for every worker process it starts."""
     nproc, factor = nproc_per_node(member, gpus, problems)
     check_shape(member.shape, problems)
     nodes = member.shape.size
     master, port = member.rank0_address, str(member.port)
+    elastic = elastic_range(member, problems)
     env = [
         (keys.MASTER_ADDR, master),
         (keys.MASTER_PORT, port),
-        (keys.WORLD_SIZE, str(nodes * factor)),
-        (keys.RANK, str(member.rank)),
+        *([] if elastic else [(keys.WORLD_SIZE, str(nodes * factor)), (keys.RANK, str(member.rank))]),
         (keys.PET_MASTER_ADDR, master),
         (keys.PET_MASTER_PORT, port),
-        (keys.PET_NNODES, str(nodes)),
+        (keys.PET_NNODES, f"{elastic[0]}:{elastic[1]}" if elastic else str(nodes)),
         (keys.PET_NODE_RANK, str(member.rank)),
         (keys.PET_NPROC_PER_NODE, nproc),
         (keys.PYTHONUNBUFFERED, "1"),
     ]
-    elastic = elastic_range(member, problems)
     if elastic:
-        low, high = elastic
-        env[6] = (keys.PET_NNODES, f"{low}:{high}")
         env += [
             (keys.PET_RDZV_BACKEND, "c10d"),
             (keys.PET_RDZV_ENDPOINT, f"{master}:{port}"),
