@@ -159,14 +159,17 @@ def build_peers(shape: list[tuple[str, int]], hosts: Mapping[str, str], subdomai
 
 
 def elastic_range(env: Mapping[str, str], framework: str, problems: list[str]) -> tuple[int, int] | None:
-    """(min, max) of a PyTorch elastic gang from PET_NNODES=min:max (the webhook writes it only together with the
-    c10d rendezvous variables); None for a fixed-size gang."""
-    text = env.get(keys.PET_NNODES, "").strip()
-    if framework != keys.PYTORCH or ":" not in text or not env.get(keys.PET_RDZV_BACKEND, "").strip():
+    """(min, max) of a PyTorch elastic gang; None for a fixed-size gang. TRAINHOOK_ELASTIC says it in every
+    container the webhook wires (the gang wait has no PET_* variables); a training container without it (a
+    webhook before it) still has PET_NNODES=min:max beside the c10d rendezvous variables."""
+    name, text = keys.TH_ELASTIC, env.get(keys.TH_ELASTIC, "").strip()
+    if not text and env.get(keys.PET_RDZV_BACKEND, "").strip() and ":" in env.get(keys.PET_NNODES, ""):
+        name, text = keys.PET_NNODES, env.get(keys.PET_NNODES, "").strip()
+    if framework != keys.PYTORCH or not text:
         return None
     low, _, high = text.partition(":")
     if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
-        problems.append(f"{keys.PET_NNODES}={text!r}: not an elastic range min:max with 1 <= min <= max "
+        problems.append(f"{name}={text!r}: not an elastic range min:max with 1 <= min <= max "
                         f"(the {keys.ELASTIC} annotation)")
         return None
     return int(low), int(high)

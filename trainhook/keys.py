@@ -175,6 +175,9 @@ TH_GANG_WAIT = "TRAINHOOK_GANG_WAIT"
 TH_GANG_WAIT_PORT = "TRAINHOOK_GANG_WAIT_PORT"
 # Seconds the gang wait gives peers before failing with the list of those missing.
 TH_WAIT_TIMEOUT = "TRAINHOOK_WAIT_TIMEOUT"
+# An elastic PyTorch gang's `min:max` members (the `elastic` annotation), set only for elastic gangs: the gang
+# wait (which has no PET_* variables) waits for `min` members instead of all `max` its TRAINHOOK_REPLICAS allows.
+TH_ELASTIC = "TRAINHOOK_ELASTIC"
 # The gang's lifecycle (read by the launcher's `run`): the on-failure policy and restart budget, the deadline
 # (injected only when the annotations are set; the launcher's defaults are fail-gang and 3), the pod's
 # controller `<Kind>/<name>` (`Pod/<name>` for a bare pod) and its restartPolicy (whether a finished member
