@@ -14,8 +14,8 @@ Timestamps are wall-clock (time.time()): the node is this machine, one clock for
 container. The gang is in its loop when the last rank prints GANGSTART; the time before `kubectl apply` is the
 start. Between rounds everything is deleted and its pods waited out (not measured).
 
-    python bench/node_start.py [--sizes 2,4,8] [--rounds 3] [--out bench/results]   (root; starts the node if
-                                                                                     it is not up)
+    python bench/node_start.py [--sizes 2,4,8] [--rounds 3] [--workload torch|bare] [--out bench/results]
+    (root; starts the node if it is not up)
 """
 
 from __future__ import annotations
@@ -49,7 +49,14 @@ def load_node():
 
 # ---- manifests (pure) ---------------------------------------------------------------------------------------------
 
-def manifests(variant: str, name: str, size: int, image: str) -> list[dict]:
+# --workload bare: no torch, the "training" prints its timestamp at once: what is left is the start itself
+# (scheduling, sandboxes, containers, and trainhook's webhook, launcher and barrier), without 2N torch imports
+# fighting for the node's 2 cores.
+BARE = ("import os, time; print(f'GANGSTART rank={os.environ[\"HOSTNAME\"].rsplit(\"-\", 1)[1]} "
+        "imported={time.time():.6f} process_group=0 loop={time.time():.6f}', flush=True); time.sleep(60)")
+
+
+def manifests(variant: str, name: str, size: int, image: str, workload: str = "torch") -> list[dict]:
     """The gang's ConfigMap, Service and StatefulSet, wired by trainhook's webhook or by hand."""
     trainhook = variant == "trainhook"
     container = {"name": "trainer", "image": image, "imagePullPolicy": "Never",
@@ -73,6 +80,8 @@ def manifests(variant: str, name: str, size: int, image: str) -> list[dict]:
             ("PET_MASTER_ADDR", master), ("PET_MASTER_PORT", str(PORT)), ("PET_NNODES", str(size)),
             ("PET_NPROC_PER_NODE", "1"), ("PYTHONUNBUFFERED", "1"))]
         service_spec["publishNotReadyAddresses"] = True
+    if workload == "bare":
+        container["command"] = ["python", "-c", BARE]
     return [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-script"},
          "data": {"gang_train.py": SCRIPT.read_text()}},
@@ -111,9 +120,9 @@ class Node:
         return done.stdout
 
 
-def one_round(node: Node, variant: str, size: int, timeout: float = 300) -> dict:
+def one_round(node: Node, variant: str, size: int, workload: str = "torch", timeout: float = 300) -> dict:
     name = f"bench-{'th' if variant == 'trainhook' else 'hand'}-{size}"
-    docs = manifests(variant, name, size, node.images["torch"])
+    docs = manifests(variant, name, size, node.images["torch"], workload)
     start = time.time()
     node.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                                       "items": docs}))
@@ -142,7 +151,8 @@ def one_round(node: Node, variant: str, size: int, timeout: float = 300) -> dict
             time.sleep(0.5)
     imported = max(r[0] for r in ranks.values())
     loop = max(r[2] for r in ranks.values())
-    return {"variant": variant, "size": size, "to_loop_s": round(loop - start, 3),
+    return {"variant": variant, "size": size, "workload": workload, "load_1m": round(os.getloadavg()[0], 2),
+            "to_loop_s": round(loop - start, 3),
             "to_last_import_s": round(imported - start, 3), "import_to_loop_s": round(loop - imported, 3)}
 
 
@@ -150,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="2,4,8")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workload", choices=("torch", "bare"), default="torch",
+                        help="torch: bench/gang_train.py under torchrun; bare: print at once (the start alone)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -160,19 +172,19 @@ def main(argv: list[str] | None = None) -> int:
         install_chart(node)
         results = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "rounds": []}
         for size in sizes:
-            one_round(node, "trainhook", size)  # warm-up: page cache, the webhook's first reviews
-            one_round(node, "by-hand", size)
+            one_round(node, "trainhook", size, args.workload)  # warm-up: page cache, the webhook's first reviews
+            one_round(node, "by-hand", size, args.workload)
             for r in range(args.rounds):
                 order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]  # alternate who goes first
                 for variant in order:
-                    figures = one_round(node, variant, size)
+                    figures = one_round(node, variant, size, args.workload)
                     results["rounds"].append(figures)
                     print(json.dumps(figures), flush=True)
         results["summary"] = summary(results["rounds"], sizes)
         print(json.dumps(results["summary"], indent=1))
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "node_start.json").write_text(json.dumps(results, indent=1))
+        (out / f"node_start_{args.workload}.json").write_text(json.dumps(results, indent=1))
     finally:
         if started:
             node_mod.ensure_down(node_mod.default_state_dir())

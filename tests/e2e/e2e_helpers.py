@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,19 @@ class LogFollower:
         if self._proc and self._proc.poll() is None:
             self._proc.terminate()
         self._thread.join(10)
+
+
+@contextmanager
+def shown_on_failure(cluster: Cluster, namespace: str, followers: dict[str, "LogFollower"]):
+    """What a failing wait prints before it fails: the tail of every followed log, the namespace's pods and
+    events."""
+    try:
+        yield
+    except BaseException:
+        for name, follower in followers.items():
+            print(f"--- {name} ({follower.instances} container instances followed)\n{follower.text[-3000:]}")
+        print(cluster.describe(namespace))
+        raise
 
 
 def b64(text: str) -> str:

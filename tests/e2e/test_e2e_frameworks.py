@@ -18,7 +18,7 @@ import re
 
 from e2e_gangs import (NAMESPACE, apply_gang, delete_documents, example_documents, for_the_node, phase_of,
                        statefulset)
-from e2e_helpers import REPO, LogFollower, wait_for
+from e2e_helpers import LogFollower, REPO, shown_on_failure, wait_for
 
 
 def run_to_success(node, documents: list[dict], followed: list[str], timeout: float) -> dict[str, str]:
@@ -38,15 +38,10 @@ def run_to_success(node, documents: list[dict], followed: list[str], timeout: fl
             failed = {n: p for n, p in phases.items() if p.get("trainhook.dev/phase") == "Failed"}
             assert not failed, failed
             return all(p.get("trainhook.dev/phase") == "Succeeded" for p in phases.values()) and phases
-        try:
+        with shown_on_failure(node, NAMESPACE, followers):
             phases = wait_for(succeeded, timeout, f"the gang {names} to succeed", interval=2)
             wait_for(lambda: all(statefulset(node, n)["spec"]["replicas"] == 0 for n in names), 60,
                      "every role's StatefulSet scaled to zero")
-        except BaseException:
-            for pod, follower in followers.items():
-                print(f"--- {pod}\n{follower.text[-3000:]}")
-            print(node.describe(NAMESPACE))
-            raise
         for name, phase in phases.items():
             assert phase["trainhook.dev/exit-code"] == "0", (name, phase)
         return {pod: f.text for pod, f in followers.items()}

@@ -13,7 +13,7 @@ import re
 import time
 
 from e2e_gangs import NAMESPACE, delete_gang, pods_of, statefulset, statefulset_gang
-from e2e_helpers import LogFollower, wait_for
+from e2e_helpers import LogFollower, shown_on_failure, wait_for
 
 NAME = "e2e-fail"
 SCRIPT = """
@@ -48,7 +48,7 @@ def test_a_failing_rank_stops_the_whole_gang_and_it_does_not_rerun(node, release
             annotations = statefulset(node, NAME)["metadata"].get("annotations", {})
             assert annotations.get("trainhook.dev/phase") != "Succeeded", annotations
             return annotations.get("trainhook.dev/phase") == "Failed" and annotations
-        try:
+        with shown_on_failure(node, NAMESPACE, followers):
             annotations = wait_for(failed, 90, "the gang to record Failed on its StatefulSet", interval=1)
             # Scaled to zero: the controller deletes the pods, and nothing restarts the training.
             wait_for(lambda: statefulset(node, NAME)["spec"]["replicas"] == 0, 30, "the StatefulSet scaled to 0")
@@ -57,11 +57,6 @@ def test_a_failing_rank_stops_the_whole_gang_and_it_does_not_rerun(node, release
                      len(STOPPED_AT.findall(followers[f"{NAME}-0"].text + followers[f"{NAME}-1"].text)) == 2,
                      30, "every member's log to show its training started and stopped")
             wait_for(lambda: not pods_of(node, NAME), 60, "the gang's pods to be deleted by the scale to zero")
-        except BaseException:
-            for name, follower in followers.items():
-                print(f"--- {name}\n{follower.text[-3000:]}")
-            print(node.describe(NAMESPACE))
-            raise
 
         assert annotations["trainhook.dev/exit-code"] == "3", annotations
         reason = annotations["trainhook.dev/phase-reason"]

@@ -15,7 +15,7 @@ import yaml
 
 from e2e_gangs import (NAMESPACE, apply_gang, delete_documents, delete_gang, example_documents, for_the_node,
                        phase_of, statefulset, statefulset_gang)
-from e2e_helpers import REPO, LogFollower, b64, wait_for
+from e2e_helpers import LogFollower, REPO, b64, shown_on_failure, wait_for
 
 NAME = "mpi-allreduce"
 
@@ -35,12 +35,8 @@ def test_an_mpi_gang_runs_its_ranks_in_the_worker_pods_through_the_exec_api(node
             phase = (sts["metadata"].get("annotations") or {}).get("trainhook.dev/phase")
             assert phase != "Failed", follower.text[-3000:]
             return phase == "Succeeded" and sts
-        try:
+        with shown_on_failure(node, NAMESPACE, {f"{NAME}-0": follower}):
             sts = wait_for(done, 180, "the MPI gang to succeed", interval=2)
-        except BaseException:
-            print(follower.text[-4000:])
-            print(node.describe(NAMESPACE))
-            raise
         text = follower.text
         assert "OpenMPI, kubexec transport" in text
         assert re.search(rf"allreduce over 3 ranks on 3 hosts \({NAME}-0, {NAME}-1, {NAME}-2\): sum=6 expected=6",
@@ -89,13 +85,8 @@ def test_an_mpi_gang_over_ssh_with_keys_from_a_secret_and_sshd_in_the_workers(no
             phases = {name: phase_of(node, name) for name in ("sgd-launcher", "sgd-worker")}
             assert all(p.get("trainhook.dev/phase") != "Failed" for p in phases.values()), phases
             return all(p.get("trainhook.dev/phase") == "Succeeded" for p in phases.values()) and phases
-        try:
+        with shown_on_failure(node, NAMESPACE, followers):
             phases = wait_for(done, 240, "the MPI gang over ssh to succeed", interval=2)
-        except BaseException:
-            for pod, follower in followers.items():
-                print(f"--- {pod}\n{follower.text[-3000:]}")
-            print(node.describe(NAMESPACE))
-            raise
         assert all(p["trainhook.dev/exit-code"] == "0" for p in phases.values()), phases
         launcher = followers["sgd-launcher-0"].text
         assert "OpenMPI, ssh transport" in launcher, launcher[-3000:]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from e2e_gangs import NAMESPACE, delete_gang, phase_of, pods_of, statefulset, statefulset_gang
-from e2e_helpers import LogFollower, wait_for
+from e2e_helpers import LogFollower, shown_on_failure, wait_for
 
 NAME = "e2e-restart"
 SCRIPT = """
@@ -43,7 +43,7 @@ def test_restart_gang_restarts_the_whole_gang_after_a_member_container_is_killed
                                                             "trainhook.dev/max-restarts": "2"}))
         for pod in pods:
             followers[pod] = LogFollower(node, NAMESPACE, pod, "trainer", restarts=True)
-        try:
+        with shown_on_failure(node, NAMESPACE, followers):
             wait_for(lambda: all("attempt 1 started" in f.text for f in followers.values()), 120,
                      "attempt 1 to start on every rank", interval=1)
             killed = node.kill_container(NAMESPACE, f"{NAME}-1", "trainer")
@@ -59,11 +59,6 @@ def test_restart_gang_restarts_the_whole_gang_after_a_member_container_is_killed
             phase = wait_for(succeeded, 120, "the restarted gang to succeed", interval=1)
             wait_for(lambda: all("attempt 2 finished" in f.text for f in followers.values()), 30,
                      "every rank's log to show attempt 2 finished")
-        except BaseException:
-            for pod, follower in followers.items():
-                print(f"--- {pod} ({follower.instances} container instances followed)\n{follower.text[-3000:]}")
-            print(node.describe(NAMESPACE))
-            raise
         assert phase["trainhook.dev/exit-code"] == "0", phase
         ports = set()
         for rank, pod in enumerate(pods):

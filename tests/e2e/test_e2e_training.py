@@ -19,7 +19,7 @@ import re
 
 import yaml
 
-from e2e_helpers import REPO, LogFollower, wait_for
+from e2e_helpers import LogFollower, REPO, shown_on_failure, wait_for
 
 DIGEST = re.compile(r"final parameters digest ([0-9a-f]+) identical-across-ranks=True")
 NAMESPACE = "default"
@@ -66,13 +66,8 @@ def test_the_pytorch_ddp_example_trains_across_four_pods(node, release):
             assert phase != "Failed", sts["metadata"]["annotations"]
             digests = {name: DIGEST.search(f.text) for name, f in followers.items()}
             return phase == "Succeeded" and all(digests.values()) and (sts, digests)
-        try:
+        with shown_on_failure(node, NAMESPACE, followers):
             sts, digests = wait_for(finished, 300, "the 4 ranks to train and the gang to succeed", interval=2)
-        except BaseException:
-            for name, follower in followers.items():
-                print(f"--- {name}\n{follower.text[-3000:]}")
-            print(node.describe(NAMESPACE))
-            raise
         assert len({m.group(1) for m in digests.values()}) == 1, digests
         assert "epoch 5 loss" in followers["ddp-0"].text
         for name, follower in followers.items():  # each rank trained once, under the delivered launcher
