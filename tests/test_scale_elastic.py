@@ -182,3 +182,57 @@ def test_a_labeled_jobs_parallelism_change_is_refused_and_other_updates_pass():
     assert "Job team-a/ij is a 3-member pytorch gang" in refused["status"]["message"]
     assert review(job_update(job, 0), SETTINGS).answer["response"]["allowed"] is True
     assert review(job_update(job, 3), SETTINGS).answer["response"]["allowed"] is True
+
+
+# --- the cache the scale reviews read (its list+watch against a real API server: tests/test_scale_cluster.py) ---
+
+def test_the_cache_keeps_only_gangs_cut_down_to_what_check_scale_reads():
+    from trainhook.webhook.scale import check_scale
+    from trainhook.webhook.statefulset_cache import StatefulSetCache
+    plain = statefulset("web", 2)
+    for labels in (plain["metadata"]["labels"], plain["spec"]["template"]["metadata"]["labels"]):
+        del labels["trainhook.dev/framework"]
+    cache = StatefulSetCache()
+    assert not cache.synced
+    cache.replace([DDP, ELASTIC, plain])
+    assert cache.synced and len(cache) == 2 and cache.get("team-a", "web") is None
+    kept = cache.get("team-a", "ddp")
+    assert "spec" not in kept["spec"]["template"] and "containers" not in str(kept)
+    for workload in (DDP, ELASTIC):
+        for size in range(6):
+            assert check_scale(cache.get("team-a", workload["metadata"]["name"]), size) == check_scale(workload, size)
+
+
+def test_watch_events_add_change_and_drop_entries():
+    from trainhook.webhook.statefulset_cache import StatefulSetCache
+    cache = StatefulSetCache()
+    cache.replace([])
+    cache.apply("ADDED", DDP)
+    assert cache.get("team-a", "ddp")["spec"]["replicas"] == 3
+    cache.apply("MODIFIED", {**DDP, "spec": {**DDP["spec"], "replicas": 0}})
+    assert cache.get("team-a", "ddp")["spec"]["replicas"] == 0
+    unlabeled = copy.deepcopy(DDP)
+    for labels in (unlabeled["metadata"]["labels"], unlabeled["spec"]["template"]["metadata"]["labels"]):
+        del labels["trainhook.dev/framework"]
+    cache.apply("MODIFIED", unlabeled)  # the label went away: no longer a gang
+    assert cache.get("team-a", "ddp") is None
+    cache.apply("ADDED", ELASTIC)
+    cache.apply("DELETED", ELASTIC)
+    assert len(cache) == 0
+
+
+def test_over_https_a_malformed_scale_review_is_a_400_and_an_unchecked_one_a_warning(tmp_path):
+    from webhook_process import start_webhook
+    hook = start_webhook(tmp_path)  # without --watch-statefulsets: nothing to check a scale against
+    try:
+        body = scale_review("ddp", 3, 4)
+        body["request"]["oldObject"]["spec"]["replicas"] = [3]
+        reply = hook.post(body)
+        assert reply.status_code == 400
+        assert reply.json() == {"error": "request.oldObject.spec.replicas must be an integer, got list"}
+        reply = hook.post(scale_review("ddp", 3, 4))
+        assert reply.status_code == 200
+        response = reply.json()["response"]
+        assert response["allowed"] is True and "was not checked" in response["warnings"][0]
+    finally:
+        hook.stop()
