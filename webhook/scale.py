@@ -27,10 +27,10 @@ def _annotation(workload: dict, key: str) -> str | None:
     """A trainhook annotation as the pods see it: the template's (stamped by the webhook), else the workload's."""
     spec = workload.get("spec") or {}
     template_meta = (spec.get("template") or {}).get("metadata") or {}
-    for annotations in ((template_meta.get("annotations") or {}), (workload.get("metadata") or {}).get("annotations")
-                        or {}):
-        if isinstance(annotations, dict) and annotations.get(key) is not None:
-            return str(annotations[key])
+    own = (workload.get("metadata") or {}).get("annotations") or {}
+    for found in (template_meta.get("annotations") or {}, own):
+        if isinstance(found, dict) and found.get(key) is not None:
+            return str(found[key])
     return None
 
 

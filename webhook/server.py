@@ -213,9 +213,8 @@ def keep_launcher_configmaps(app: web.Application, api_client, namespaces: tuple
 
 
 def watch_statefulsets(app: web.Application, api_client) -> StatefulSetCache:
-    """Keep the gang StatefulSets that scale reviews are checked against (webhook/statefulset_cache.py), listed and
-    watched in a background thread while `app` runs. Readiness does not wait for it: until the first list, a
-    scale is allowed with a warning, as it is when the webhook is down (the chart's failurePolicy Ignore)."""
+    """Keep the gang StatefulSets scale reviews are checked against (webhook/statefulset_cache.py) while `app` runs.
+    Readiness does not wait for it: until the first list a scale is allowed with a warning, as when we are down."""
     cache = app[WORKLOADS] = StatefulSetCache()
 
     async def background(app: web.Application):
@@ -259,9 +258,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "chart sets its trainingNamespaces)")
     parser.add_argument("--watch-statefulsets", action="store_true",
                         default=os.environ.get("TRAINHOOK_WEBHOOK_WATCH_STATEFULSETS", "") in ("1", "true"),
-                        help="list and watch StatefulSets (in-cluster or KUBECONFIG) to check statefulsets/scale "
-                             "reviews: a gang that is not elastic cannot change size in place (env "
-                             "TRAINHOOK_WEBHOOK_WATCH_STATEFULSETS=true; the chart sets it with scaleCheck)")
+                        help="watch StatefulSets (in-cluster or KUBECONFIG) to check statefulsets/scale reviews "
+                             "(env TRAINHOOK_WEBHOOK_WATCH_STATEFULSETS=true; the chart's scaleCheck sets it)")
     parser.add_argument("--log-level", default="INFO")
     certs = parser.add_argument_group("certificates", "self-managed: the webhook keeps its CA and serving pair "
                                       "in one Secret and writes the caBundle of its webhook configuration")
