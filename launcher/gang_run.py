@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import signal
 import socket
 import sys
@@ -44,7 +45,10 @@ from trainhook.launcher.run import FORWARDED, Training, reap_exited, run_command
 
 POLL = 0.2
 DELIVERY_TIMEOUT = 10.0  # how long rank 0 waits for every member to hear the outcome before it leaves
-FIRST_DELAY, MAX_DELAY = 0.2, 3.0  # reconnect backoff
+# Reconnect backoff. Members usually start before rank 0's coordinator listens (or before its name resolves), and
+# every second a member sleeps past that is a second of the gang's start: so short, capped at half a second, and
+# jittered so a large gang's members do not knock in step (bench/node_start.py; docs/performance.md).
+FIRST_DELAY, MAX_DELAY = 0.1, 0.5
 REPORT_EVERY = 30.0
 MARKER = "outcome.json"
 
@@ -108,7 +112,7 @@ class Link(threading.Thread):
                     say(f"cannot reach the gang's coordinator (rank 0 at {self.address}:{self.settings.port}) "
                         f"yet: {self.last_error}; retrying")
                     said, said_at = self.last_error, now
-                self.closing.wait(delay)
+                self.closing.wait(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 1.5, MAX_DELAY)
                 continue
             delay, said = FIRST_DELAY, ""
