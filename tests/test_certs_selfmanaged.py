@@ -120,7 +120,8 @@ def release(control_plane, k8s_namespace):
     manifests = render_chart({"fullnameOverride": fullname}, k8s_namespace)
     ours = [m for m in manifests if m["kind"] in WEBHOOK_RBAC
             and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"]
-    assert sorted(m["kind"] for m in ours) == sorted(WEBHOOK_RBAC)
+    # one of each for the certificates, and the scale check's ClusterRole and binding (reading StatefulSets)
+    assert sorted(m["kind"] for m in ours) == sorted(WEBHOOK_RBAC + ("ClusterRole", "ClusterRoleBinding"))
     port = free_port()
     with control_plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
@@ -140,7 +141,9 @@ def release(control_plane, k8s_namespace):
             admission = client.AdmissionregistrationV1Api(api)
             for delete, name in [(admission.delete_mutating_webhook_configuration, fullname),
                                  (rbac.delete_cluster_role_binding, f"{fullname}-webhook-config"),
-                                 (rbac.delete_cluster_role, f"{fullname}-webhook-config")]:
+                                 (rbac.delete_cluster_role, f"{fullname}-webhook-config"),
+                                 (rbac.delete_cluster_role_binding, f"{fullname}-statefulsets"),
+                                 (rbac.delete_cluster_role, f"{fullname}-statefulsets")]:
                 try:
                     delete(name)
                 except ApiException as e:
@@ -173,8 +176,8 @@ def test_self_managed_creates_the_secret_and_writes_the_ca_bundle_with_only_the_
     assert secret["metadata"]["annotations"][selfcerts.WRITER_ANNOTATION] == "replica-a"
     data = release.secret_data()
     assert set(data) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
-    # Every webhook of the chart's configuration now trusts the Secret's CA, and nothing else.
-    assert release.ca_bundles() == [data[CA_FILE]] * 2
+    # Every webhook of the chart's configuration (workloads, services, scale) now trusts the Secret's CA, and nothing else.
+    assert release.ca_bundles() == [data[CA_FILE]] * 3
     # The pair served is the Secret's, for the Service's names.
     assert served_files(tmp_path / "a") == {k: data[k] for k in (CA_FILE, CERT_FILE, KEY_FILE)}
     assert oct((tmp_path / "a" / KEY_FILE).stat().st_mode & 0o777) == "0o600"
@@ -207,10 +210,10 @@ def test_the_ca_bundle_is_put_back_after_being_overwritten(release, tmp_path):
     serving = leaf_of(release.secret_data())
 
     release.overwrite_ca_bundles(STRANGER_CA)
-    assert release.ca_bundles() == [STRANGER_CA] * 2
+    assert release.ca_bundles() == [STRANGER_CA] * 3
     report = manager.sync()
     assert report.action is lifecycle.Action.KEEP and report.patched_ca_bundle
-    assert release.ca_bundles() == [ca] * 2
+    assert release.ca_bundles() == [ca] * 3
     assert manager.not_ready_reason(serving) is None
 
     # One webhook emptied, the other one carrying ours and a stranger: both put back exactly.
@@ -220,7 +223,7 @@ def test_the_ca_bundle_is_put_back_after_being_overwritten(release, tmp_path):
             {"op": "add", "path": "/webhooks/1/clientConfig/caBundle",
              "value": base64.b64encode(ca + STRANGER_CA).decode()}])
     assert manager.sync().patched_ca_bundle
-    assert release.ca_bundles() == [ca] * 2
+    assert release.ca_bundles() == [ca] * 3
 
 
 def test_a_corrupted_secret_is_recreated_and_the_ca_bundle_follows(release, tmp_path):
@@ -235,7 +238,7 @@ def test_a_corrupted_secret_is_recreated_and_the_ca_bundle_follows(release, tmp_
     report = manager.sync()
     assert report.action is lifecycle.Action.CREATE and "the CA is unusable" in report.reason
     data = release.secret_data()
-    assert release.ca_bundles() == [data[CA_FILE]] * 2
+    assert release.ca_bundles() == [data[CA_FILE]] * 3
     assert served_files(tmp_path / "a")[CERT_FILE] == data[CERT_FILE]
 
 
@@ -274,7 +277,7 @@ def test_two_replicas_starting_together_agree_on_one_secret(release, tmp_path):
     data = release.secret_data()
     assert served_files(tmp_path / "a") == served_files(tmp_path / "b") == {
         k: data[k] for k in (CA_FILE, CERT_FILE, KEY_FILE)}
-    assert release.ca_bundles() == [data[CA_FILE]] * 2
+    assert release.ca_bundles() == [data[CA_FILE]] * 3
 
 
 def test_two_replicas_due_for_rotation_rotate_once(release, tmp_path):
@@ -372,7 +375,7 @@ def test_the_webhook_process_keeps_its_ca_bundle_and_pods_are_mutated_through_it
         release.register()
         wait_for("/readyz once the caBundle is written", lambda: hook.answers("/readyz", 200))
         ca = release.secret_data()[CA_FILE]
-        assert release.ca_bundles() == [ca] * 2
+        assert release.ca_bundles() == [ca] * 3
         assert release.secret()["metadata"]["annotations"][selfcerts.WRITER_ANNOTATION] == "webhook-0"
 
         # The API server calls the webhook, trusting it through the caBundle the webhook wrote itself.
@@ -393,7 +396,7 @@ def test_the_webhook_process_keeps_its_ca_bundle_and_pods_are_mutated_through_it
 
         # Something overwrites the caBundle: the webhook puts it back within its sync interval.
         release.overwrite_ca_bundles(STRANGER_CA)
-        wait_for("the caBundle to be put back", lambda: release.ca_bundles() == [ca] * 2, timeout=20)
+        wait_for("the caBundle to be put back", lambda: release.ca_bundles() == [ca] * 3, timeout=20)
         wait_for("/readyz after the caBundle is back", lambda: hook.answers("/readyz", 200))
         with release.admin() as api:
             # Admission works again through the restored caBundle.

@@ -131,6 +131,43 @@ def test_an_unlabeled_statefulsets_scale_is_untouched(scale_cluster, k8s_namespa
     assert replicas_of(api, ns, "web") == 5
 
 
+def test_the_charts_role_is_enough_for_the_watch_and_no_more(control_plane, k8s_namespace):  # noqa: F811
+    """The chart's <fullname>-statefulsets ClusterRole and binding, created on the real API server for a
+    ServiceAccount of the chart's: the webhook's cache lists and watches StatefulSets with that token alone."""
+    import uuid
+    from chart_render import find, render_chart
+    from conftest_cluster import wait_for_service_account_token
+    from trainhook.webhook.statefulset_cache import StatefulSetCache, start_background, wait_synced
+    fullname = f"th-{uuid.uuid4().hex[:8]}"
+    manifests = render_chart({"fullnameOverride": fullname}, k8s_namespace)
+    with control_plane.api_client() as api:
+        core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+        core.create_namespaced_service_account(k8s_namespace, find(manifests, "ServiceAccount"))
+        rbac.create_cluster_role(find(manifests, "ClusterRole", f"{fullname}-statefulsets"))
+        rbac.create_cluster_role_binding(find(manifests, "ClusterRoleBinding", f"{fullname}-statefulsets"))
+        try:
+            token = wait_for_service_account_token(api, k8s_namespace,
+                                                   find(manifests, "ServiceAccount")["metadata"]["name"])
+            create(api, k8s_namespace, statefulset("ddp", 2))
+            with control_plane.token_client(token) as as_webhook:
+                cache = StatefulSetCache()
+                thread, stop = start_background(cache, as_webhook)
+                try:
+                    assert wait_synced(cache, 30)
+                    assert cache.get(k8s_namespace, "ddp")["spec"]["replicas"] == 2
+                    scale(api, k8s_namespace, "ddp", 0)  # through the watch, not a new list
+                    wait_for("the watch's MODIFIED event", lambda: cache.get(k8s_namespace, "ddp")["spec"][
+                        "replicas"] == 0)
+                finally:
+                    stop.set()
+                with pytest.raises(ApiException) as error:
+                    client.CoreV1Api(as_webhook).list_namespaced_pod(k8s_namespace)
+                assert error.value.status == 403
+        finally:
+            rbac.delete_cluster_role_binding(f"{fullname}-statefulsets")
+            rbac.delete_cluster_role(f"{fullname}-statefulsets")
+
+
 def test_with_the_webhook_down_every_scale_goes_through(scale_cluster, k8s_namespace):  # noqa: F811
     """failurePolicy Ignore: an unlabeled StatefulSet must never depend on trainhook being up (last in this
     module: it stops the webhook)."""
