@@ -176,7 +176,8 @@ def test_self_managed_creates_the_secret_and_writes_the_ca_bundle_with_only_the_
     assert secret["metadata"]["annotations"][selfcerts.WRITER_ANNOTATION] == "replica-a"
     data = release.secret_data()
     assert set(data) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
-    # Every webhook of the chart's configuration (workloads, services, scale) now trusts the Secret's CA, and nothing else.
+    # Every webhook of the chart's configuration (workloads, services, scale) now trusts the Secret's CA, and
+    # nothing else.
     assert release.ca_bundles() == [data[CA_FILE]] * 3
     # The pair served is the Secret's, for the Service's names.
     assert served_files(tmp_path / "a") == {k: data[k] for k in (CA_FILE, CERT_FILE, KEY_FILE)}
