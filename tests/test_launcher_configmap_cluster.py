@@ -98,3 +98,37 @@ def test_the_server_turns_ready_once_written_and_then_admits_with_the_configmap(
     asyncio.run(scenario())
     [record] = [r for r in caplog.records if r.getMessage() == "launcher ConfigMap"]
     assert record.namespaces == [k8s_namespace] and record.configmap.startswith(lcm.PREFIX)
+
+
+def test_replicas_writing_at_once_all_end_with_the_configmap(control_plane, k8s_namespace):
+    """Two webhook replicas start together: both find no ConfigMap, both create it, one gets 409 AlreadyExists.
+    Seen on the e2e node: that replica then served without the ConfigMap. Now both count it as kept."""
+    import threading
+
+    zip_bytes, shim = lcm.content()
+    name = lcm.configmap_name(zip_bytes, shim)
+    barrier, results, said = threading.Barrier(4), [], []
+
+    class InStep(client.CoreV1Api):
+        """Reads, then waits for the other replicas to have read too: every replica sees 404, then creates."""
+        def read_namespaced_config_map(self, *args, **kwargs):
+            try:
+                return super().read_namespaced_config_map(*args, **kwargs)
+            finally:
+                try:
+                    barrier.wait(timeout=5)
+                except threading.BrokenBarrierError:
+                    pass
+
+    with control_plane.api_client() as api:
+        def replica():
+            results.append(lcm.publish(InStep(api), [k8s_namespace], name, zip_bytes, shim, said.append))
+        threads = [threading.Thread(target=replica) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert results == [frozenset({k8s_namespace})] * 4, said
+        assert said == []
+        assert client.CoreV1Api(api).read_namespaced_config_map(name, k8s_namespace).data == {
+            "trainhook-launch": deliver.SHIM}

@@ -74,18 +74,30 @@ def publish(core_api: Any, namespaces: Iterable[str], name: str, zip_bytes: byte
     where it cannot be written (missing, forbidden) is left out and named, and its pods get the init container."""
     from kubernetes.client.exceptions import ApiException
 
-    done = set()
-    for namespace in namespaces:
-        body = configmap(name, namespace, zip_bytes, shim)
-        try:
+    def keep(namespace: str, body: dict) -> None:
+        for _ in range(3):  # the webhook's replicas start together: another may create or replace it meanwhile
             try:
                 current = core_api.read_namespaced_config_map(name, namespace)
-                if current.binary_data != body["binaryData"] or current.data != body["data"]:
-                    core_api.replace_namespaced_config_map(name, namespace, body)
             except ApiException as e:
                 if e.status != 404:
                     raise
-                core_api.create_namespaced_config_map(namespace, body)
+                current = None
+            try:
+                if current is None:
+                    core_api.create_namespaced_config_map(namespace, body)
+                elif current.binary_data != body["binaryData"] or current.data != body["data"]:
+                    body["metadata"]["resourceVersion"] = current.metadata.resource_version
+                    core_api.replace_namespaced_config_map(name, namespace, body)
+                return
+            except ApiException as e:
+                if e.status != 409:  # 409: created or changed by another replica since we read it; read again
+                    raise
+        raise ApiException(status=409, reason="Conflict: changed by someone else three times in a row")
+
+    done = set()
+    for namespace in namespaces:
+        try:
+            keep(namespace, configmap(name, namespace, zip_bytes, shim))
         except ApiException as e:
             say(f"cannot keep the launcher ConfigMap {namespace}/{name} ({e.status} {e.reason}); pods in "
                 f"{namespace} get the launcher from the gang-wait init container instead (slower to start): "
