@@ -31,6 +31,8 @@ TH_LOCAL_STATUS = "TRAINHOOK_LOCAL_STATUS"
 # --- Given to the training command, per attempt -----------------------------------------------------------------
 TH_ATTEMPT = "TRAINHOOK_ATTEMPT"  # 1, 2, ...: the gang's attempt this process belongs to (run.TH_ATTEMPT)
 TH_RESTARTS = "TRAINHOOK_RESTARTS"  # gang restarts so far (attempt - 1)
+# torch's opt-out of sharing the rendezvous' TCPStore across rounds: set for elastic gangs (attempt_env).
+TORCH_DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 FAIL_GANG, RESTART_GANG, ON_FAILURE_VALUES = keys.FAIL_GANG, keys.RESTART_GANG, keys.ON_FAILURE_VALUES
 RESTART_POLICIES = ("Always", "OnFailure", "Never")
@@ -198,6 +200,11 @@ def attempt_env(env: Mapping[str, str], attempt: int) -> dict[str, str]:
     out = dict(env)
     out[TH_ATTEMPT] = str(attempt)
     out[TH_RESTARTS] = str(attempt - 1)
+    if out.get(keys.PET_RDZV_BACKEND, "").strip() and ":" in out.get(keys.PET_NNODES, ""):
+        # torch >= 2.4 shares the rendezvous' TCPStore between rounds, and a node that joins a running elastic
+        # gang then waits forever for store details its round's rank 0 never writes (seen with torch 2.13: the
+        # first scale-up hangs every node in "Rendezvous'ing worker group"). A value the user set is kept.
+        out.setdefault(TORCH_DISABLE_SHARED_STORE, "1")
     if attempt <= 1:
         return out
     shift = (attempt - 1) % PORT_SHIFT_WINDOW

@@ -97,7 +97,12 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    own, command = split_command(list(sys.argv[1:] if argv is None else argv))
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:2] == ["local", "scale"]:  # `trainhook local MANIFEST` takes any word as its manifest: this first
+        from trainhook.local.scale_cli import main as scale_main
+
+        return scale_main(given[2:])
+    own, command = split_command(given)
     args = build_parser().parse_args(own)
     if command is not None:
         if getattr(args, "command", None) not in COMMAND_TAKING:

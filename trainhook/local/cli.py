@@ -24,6 +24,7 @@ from trainhook.local.envvars import EnvError
 from trainhook.local.manifest import ManifestError, load_manifest
 from trainhook.local.network import Network, NetworkError, check_host
 from trainhook.local.run import address_warnings, admit_manifest, pods_yaml, prepare_pods, run_pods
+from trainhook.local.scaling import Scaler
 from trainhook.local.supervisor import RunResult
 
 
@@ -107,28 +108,31 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
     if not args.dry_run:
         check_host()  # refuse before doing any work
     env = dict(os.environ, TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN=args.cluster_domain)
+    # The webhook serves the whole run: a scale-up (`trainhook local scale`) admits its new pods through it.
     with WebhookServer(run_dir / "webhook", env) as webhook:
-        state = admit_manifest(manifest, webhook.client(manifest.path), _warn)
-    for message in address_warnings(state):
-        _warn(message)
-    (run_dir / "pods.yaml").write_text(pods_yaml(state.pods))
-    if args.dry_run:
-        sys.stdout.write(pods_yaml(state.pods))
-        return 0
-    network = Network()
-    try:
-        network.open()
-        _say(f"run {network.run_id}: pod network {network.subnet} (isolated: nothing routes out), network "
-             f"namespaces {network.switch[:-2]}*, run files in {run_dir}")
-        pods = prepare_pods(state, manifest, network, run_dir, args.cluster_domain)
-        _say(f"starting {len(pods)} pod(s); images are not pulled: each container's command runs on this machine "
-             f"with the current Python environment ({sys.executable})")
-        result = run_pods(pods, run_dir, args.timeout, args.grace_period)
-    finally:
-        with deferred_signals():
-            signal.signal(signal.SIGTERM, _raise_interrupted)  # asyncio restores the default on its way out
-            for error in network.close():
-                _warn(f"cleanup: {error}")
+        client = webhook.client(manifest.path)
+        state = admit_manifest(manifest, client, _warn)
+        for message in address_warnings(state):
+            _warn(message)
+        (run_dir / "pods.yaml").write_text(pods_yaml(state.pods))
+        if args.dry_run:
+            sys.stdout.write(pods_yaml(state.pods))
+            return 0
+        network = Network()
+        try:
+            network.open()
+            _say(f"run {network.run_id}: pod network {network.subnet} (isolated: nothing routes out), network "
+                 f"namespaces {network.switch[:-2]}*, run files in {run_dir}")
+            pods = prepare_pods(state, manifest, network, run_dir, args.cluster_domain)
+            _say(f"starting {len(pods)} pod(s); images are not pulled: each container's command runs on this "
+                 f"machine with the current Python environment ({sys.executable})")
+            scaler = Scaler(state, manifest, network, client, run_dir, args.cluster_domain, _warn)
+            result = run_pods(pods, run_dir, args.timeout, args.grace_period, scaler=scaler)
+        finally:
+            with deferred_signals():
+                signal.signal(signal.SIGTERM, _raise_interrupted)  # asyncio restores the default on its way out
+                for error in network.close():
+                    _warn(f"cleanup: {error}")
     print(summary_table(result), flush=True)
     return result.exit_code
 

@@ -21,9 +21,10 @@ from trainhook.local.admission import AdmissionClient
 from trainhook.local.controllers import ADMIN_USER, job_warnings, pod_requests, store
 from trainhook.local.envvars import EnvError, Sources
 from trainhook.local.manifest import JOB, Manifest, type_of
-from trainhook.local.network import HostEntry, Network, hosts_file
+from trainhook.local.network import HostEntry, Network, PodNet, hosts_file
 from trainhook.local.podexec import install as install_podexec
 from trainhook.local.pods import LocalPod, build_pod
+from trainhook.local.scaling import Scaler
 from trainhook.local.supervisor import Output, RunResult, Supervisor
 
 Warn = Callable[[str], None]
@@ -36,6 +37,7 @@ class ClusterState:
     services: list[dict] = field(default_factory=list)
     workloads: list[dict] = field(default_factory=list)
     pods: list[dict] = field(default_factory=list)  # stored pods, in creation order
+    nets: dict[str, PodNet] = field(default_factory=dict)  # pod name -> its network (once prepared)
 
 
 def _admit(client: AdmissionClient, obj: dict, user: dict, warn: Warn, rng: random.Random) -> dict:
@@ -109,29 +111,40 @@ def service_names(state: ClusterState, ips: dict[str, str], cluster_domain: str)
     return names
 
 
+def write_hosts_files(state: ClusterState, nets: dict[str, PodNet], run_dir: Path, cluster_domain: str) -> None:
+    """Every pod's hosts file: itself and every pod of the run, as cluster DNS resolves them now. Written in
+    place (the same file stays bind-mounted at the pod's /etc/hosts), so running pods learn of pods added by a
+    scale-up, and forget deleted ones, as they would through DNS."""
+    entries = [HostEntry(nets[p["metadata"]["name"]].ip, p["spec"].get("hostname") or p["metadata"]["name"],
+                         p["spec"].get("subdomain", ""), p["metadata"]["namespace"]) for p in state.pods]
+    services = service_names(state, {name: net.ip for name, net in nets.items()}, cluster_domain)
+    for pod, entry in zip(state.pods, entries):
+        pod_dir = run_dir / "pods" / pod["metadata"]["name"]
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        (pod_dir / "hosts").write_text(hosts_file(entry, entries, cluster_domain, services))
+
+
+def build_local_pod(pod: dict, net: PodNet, run_dir: Path, sources: Sources) -> LocalPod:
+    """One stored pod made runnable here (its hosts file written already): volumes, environment, commands."""
+    name = pod["metadata"]["name"]
+    pod_dir = run_dir / "pods" / name
+    try:
+        built = build_pod(pod, net.ip, net.netns_path, pod_dir / "hosts", pod_dir, run_dir / "claims", sources)
+    except EnvError as e:  # the kubelet's CreateContainerConfigError, named by pod
+        raise EnvError(f"pod {name}: {e}") from e
+    built.save(pod_dir)
+    (pod_dir / POD_FILE).write_text(json.dumps(pod, indent=1))  # the stored pod, as a kubelet reads it
+    return built
+
+
 def prepare_pods(state: ClusterState, manifest: Manifest, network: Network, run_dir: Path,
                  cluster_domain: str) -> list[LocalPod]:
     """Give every pod its namespace and address, write its hosts file and volumes, resolve its containers."""
     nets = {p["metadata"]["name"]: network.add_pod() for p in state.pods}
-    entries = [HostEntry(nets[p["metadata"]["name"]].ip, p["spec"].get("hostname") or p["metadata"]["name"],
-                         p["spec"].get("subdomain", ""), p["metadata"]["namespace"]) for p in state.pods]
-    services = service_names(state, {name: net.ip for name, net in nets.items()}, cluster_domain)
+    state.nets = nets
+    write_hosts_files(state, nets, run_dir, cluster_domain)
     sources = Sources(manifest.configmaps, manifest.secrets)
-    local = []
-    for pod, entry in zip(state.pods, entries):
-        name = pod["metadata"]["name"]
-        pod_dir = run_dir / "pods" / name
-        pod_dir.mkdir(parents=True, exist_ok=True)
-        hosts_path = pod_dir / "hosts"
-        hosts_path.write_text(hosts_file(entry, entries, cluster_domain, services))
-        try:
-            built = build_pod(pod, nets[name].ip, nets[name].netns_path, hosts_path, pod_dir, run_dir / "claims",
-                              sources)
-        except EnvError as e:  # the kubelet's CreateContainerConfigError, named by pod
-            raise EnvError(f"pod {name}: {e}") from e
-        built.save(pod_dir)
-        (pod_dir / POD_FILE).write_text(json.dumps(pod, indent=1))  # the stored pod, as a kubelet reads it
-        local.append(built)
+    local = [build_local_pod(pod, nets[pod["metadata"]["name"]], run_dir, sources) for pod in state.pods]
     install_podexec(run_dir)  # RUN_DIR/podexec: how the launcher's local MPI transport enters another pod
     return local
 
@@ -160,12 +173,24 @@ def outcome_document(result: RunResult) -> dict:
 
 
 def run_pods(pods: list[LocalPod], run_dir: Path, timeout: float | None, grace_seconds: float | None,
-             stream: BinaryIO | None = None) -> RunResult:
+             stream: BinaryIO | None = None, scaler: Scaler | None = None) -> RunResult:
     """Run the pods to the end (see supervisor); output lines go to `stream` (default stdout). Containers are
     restarted per each pod's restartPolicy (read from the stored pod that `prepare_pods` kept in its directory);
-    the outcome is also written to RUN_DIR/outcome.json."""
+    the outcome is also written to RUN_DIR/outcome.json. With a `scaler`, `trainhook local scale` requests are
+    answered while the pods run."""
     output = Output(stream or sys.stdout.buffer, run_dir / "logs")
     policies = {pod.name: restart_policy(run_dir / "pods" / pod.name) for pod in pods}
-    result = asyncio.run(Supervisor(pods, output, timeout, grace_seconds, policies, run_dir).run())
+    supervisor = Supervisor(pods, output, timeout, grace_seconds, policies, run_dir)
+
+    async def supervise() -> RunResult:
+        serving = asyncio.create_task(scaler.serve(supervisor)) if scaler is not None else None
+        try:
+            return await supervisor.run()
+        finally:
+            if serving is not None:
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
+
+    result = asyncio.run(supervise())
     (run_dir / OUTCOME_FILE).write_text(json.dumps(outcome_document(result), indent=1))
     return result

@@ -179,6 +179,9 @@ class Supervisor:
         self._records: dict[asyncio.subprocess.Process, ContainerResult] = {}
         self._marks: dict[int, str] = {}  # main process pid -> its container's TH_LOCAL_CONTAINER
         self._stopping = False
+        self._deleted: set[str] = set()  # pods deleted while running (a StatefulSet scaled down)
+        self._pod_tasks: list[asyncio.Task] = []
+        self._by_name: dict[str, asyncio.Task] = {}
         self._reason = "Succeeded"
         self._exit_code = 0
         self._first_failure = ""
@@ -197,14 +200,12 @@ class Supervisor:
         for pod in self.pods:  # a kept --workdir must not carry an earlier run's launcher states
             for spec in pod.containers:
                 self.status_path(pod, spec).unlink(missing_ok=True)
-        pod_tasks = [asyncio.create_task(self._run_pod(pod)) for pod in self.pods]
+        self._pod_tasks = [asyncio.create_task(self._run_pod(pod)) for pod in self.pods]
+        self._by_name = {pod.name: task for pod, task in zip(self.pods, self._pod_tasks)}
         watcher = asyncio.create_task(self._watch_gangs())
         try:
-            done, pending = await asyncio.wait(pod_tasks, timeout=self.timeout)
-            if pending:
-                self._stop("Timeout", EXIT_TIMEOUT, f"timed out after {self.timeout:g}s")
-                await asyncio.wait(pending)
-            await asyncio.gather(*pod_tasks)  # re-raise an unexpected error from a pod task
+            await self._wait_pods()
+            await asyncio.gather(*self._pod_tasks)  # re-raise an unexpected error from a pod task
             while self._stop_tasks:
                 await asyncio.gather(*list(self._stop_tasks))
         finally:
@@ -213,6 +214,55 @@ class Supervisor:
                 loop.remove_signal_handler(signum)
             self.kill_all()
         return self._outcome()
+
+    async def _wait_pods(self) -> None:
+        """Until every pod's task is done, including pods added while running (add_pod); the timeout stops all."""
+        end = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            pending = [task for task in self._pod_tasks if not task.done()]
+            if not pending:
+                return
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0 and not self._stopping:
+                self._stop("Timeout", EXIT_TIMEOUT, f"timed out after {self.timeout:g}s")
+                left = None
+            await asyncio.wait(pending, timeout=None if left is None else max(left, 0.01),
+                               return_when=asyncio.FIRST_COMPLETED)
+
+    # --- a StatefulSet scaled while running: pods come and go, as its controller creates and deletes them --
+    async def add_pod(self, pod: LocalPod, restart_policy: str) -> None:
+        """Run a pod created while the run goes on (a scale-up). A deleted pod of the same name (scaled down,
+        then up again) is replaced once it is gone, as the StatefulSet controller creates the new pod only then."""
+        old = self._by_name.get(pod.name)
+        if old is not None and not old.done():
+            await asyncio.wait([old])
+        if self._stopping:
+            return
+        self.pods = [p for p in self.pods if p.name != pod.name] + [pod]
+        self._deleted.discard(pod.name)
+        self._settled.discard(pod.name)
+        self.restart_policies[pod.name] = restart_policy
+        self.results[pod.name] = PodResult(pod.name, pod.rank, training=pod.training_container.name
+                                           if pod.containers else "")
+        for spec in pod.containers:
+            self.status_path(pod, spec).unlink(missing_ok=True)  # the deleted pod's launcher state is not this one's
+        task = asyncio.create_task(self._run_pod(pod))
+        self._by_name[pod.name] = task
+        self._pod_tasks.append(task)
+
+    async def wait_gone(self, names: list[str]) -> None:
+        """Until the pods of these names that are still running (deleted, stopping) have ended."""
+        tasks = [self._by_name[n] for n in names if n in self._by_name and not self._by_name[n].done()]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def delete_pod(self, name: str) -> None:
+        """Delete a running pod, as the kubelet does for a deleted pod: SIGTERM to every container's main
+        process, SIGKILL after the pod's grace period, and no restart."""
+        self._deleted.add(name)
+        for proc, pod in list(self._live.items()):
+            if pod.name == name:
+                self._terminate_later(proc, pod)
 
     # --- gangs: the launchers' status files ---------------------------------------------------------------
     def status_path(self, pod: LocalPod, spec: ContainerSpec) -> Path:
@@ -349,7 +399,7 @@ class Supervisor:
         _kill_session(proc.pid, self._marks.get(proc.pid))
 
     def _failed(self, pod: LocalPod, spec: ContainerSpec, code: int) -> None:
-        if not self._stopping:
+        if not self._stopping and pod.name not in self._deleted:  # a deleted pod's exit is no failure
             self._stop("Failed", code, f"{pod.name}/{spec.name} exited with {code}", settle=FAILURE_SETTLE)
 
     # --- pods and containers ------------------------------------------------------------------------------
@@ -360,7 +410,7 @@ class Supervisor:
         sidecars: list[asyncio.Task] = []
         initialized = True
         for spec in pod.init_containers:
-            if self._stopping:
+            if self._stopping or pod.name in self._deleted:
                 initialized = False
                 break
             if spec.kind == "sidecar":
@@ -374,7 +424,7 @@ class Supervisor:
                 result.reason = "Terminated" if record.stopped or code is None else "Init:Error"
                 self._failed(pod, spec, 1 if code is None else code)
                 break
-        if initialized and not self._stopping:
+        if initialized and not self._stopping and pod.name not in self._deleted:
             result.reason = "Running"
             await asyncio.gather(*(self._run_restarting(pod, s, result) for s in pod.containers))
             mains = [c for c in result.containers if c.kind == "main"]
@@ -384,6 +434,8 @@ class Supervisor:
                              "Terminated" if any(c.stopped for c in last) else "Completed")
         elif result.reason in ("Pending", "Init:Running"):
             result.reason = "Terminated" if result.containers else "Pending"
+        if pod.name in self._deleted and self.results.get(pod.name) is result:
+            result.reason = "Deleted"
         self._settled.add(pod.name)
         await self._stop_sidecars(pod, sidecars)
 
@@ -394,7 +446,7 @@ class Supervisor:
         policy = self.restart_policies.get(pod.name, "Never")
         while True:
             code = await self._run_container(pod, spec, result)
-            if code is None or self._stopping or not restarts(policy, code):
+            if code is None or self._stopping or pod.name in self._deleted or not restarts(policy, code):
                 return
             prefix = f"[{pod.name}] ".encode()
             if result.containers[-1].gang_aware:
@@ -412,7 +464,7 @@ class Supervisor:
             end = time.monotonic() + backoff
             while time.monotonic() < end and not self._stopping:
                 await asyncio.sleep(0.05)
-            if self._stopping:
+            if self._stopping or pod.name in self._deleted:
                 return
             backoff = min(backoff * 2, MAX_BACKOFF)
 
