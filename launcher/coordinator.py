@@ -310,8 +310,9 @@ class Coordinator:
     def start(self) -> None:
         """Listen (raises OSError when the port is taken) and serve on daemon threads."""
         self.server = listen(self.port)
-        self.say(f"listening on port {self.port} for the {self.gang.size} members of "
-                 f"{self.gang.namespace}/{self.gang.job_name}")
+        members = (f"{self.gang.elastic[0]} to {self.gang.elastic[1]} members (elastic)" if self.gang.elastic
+                   else f"the {self.gang.size} members")
+        self.say(f"listening on port {self.port} for {members} of {self.gang.namespace}/{self.gang.job_name}")
         threading.Thread(target=self._accept, daemon=True, name="coordinator-accept").start()
         threading.Thread(target=self._ticker, daemon=True, name="coordinator-tick").start()
 

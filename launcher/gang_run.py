@@ -217,7 +217,9 @@ class Member:
 
     def _run(self) -> int:
         gang, settings = self.gang, self.settings
-        say(f"{gang.me} of {gang.namespace}/{gang.job_name} ({gang.size} members); on failure: "
+        members = (f"elastic: {gang.elastic[0]} to {gang.elastic[1]} members" if gang.elastic else
+                   f"{gang.size} members")
+        say(f"{gang.me} of {gang.namespace}/{gang.job_name} ({members}); on failure: "
             f"{settings.policy.on_failure}" + (f" (max {settings.policy.max_restarts} restarts)"
                                                if settings.policy.on_failure == "restart-gang" else "")
             + (f"; active deadline {settings.policy.deadline:g}s" if settings.policy.deadline else ""))
