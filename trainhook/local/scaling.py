@@ -143,7 +143,11 @@ class Scaler:
         try:
             while True:
                 for path in sorted(control.glob("scale-*.request.json")):
-                    answer = await self.handle(path, supervisor, loop, restart_policy)
+                    try:
+                        answer = await self.handle(path, supervisor, loop, restart_policy)
+                    except Exception as e:  # noqa: BLE001 - the command must hear why instead of timing out
+                        supervisor.output.line(b"", f"trainhook local: the scale failed: {e}".encode())
+                        answer = {"ok": False, "message": f"error: the scale failed: {e}"}
                     write_atomically(path.with_name(path.name.replace(".request", ".answer")), answer)
                     path.unlink(missing_ok=True)
                 await asyncio.sleep(POLL)
