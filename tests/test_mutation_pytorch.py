@@ -86,7 +86,8 @@ CASES = [
            {**{k: v for k, v in torch_env("el-0.el", 4, 0, nnodes="2:4").items() if k not in ("WORLD_SIZE", "RANK")},
             "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "el-0.el:23456", "PET_RDZV_ID": "el",
             "PET_MAX_RESTARTS": "3"},
-           gang_env("el", "worker", 0, 0, "worker=4", "worker=el", "el", "el-0.el"))),
+           # TRAINHOOK_ELASTIC: the gang wait and the launcher wait for min members, not the max of the shape.
+           {**gang_env("el", "worker", 0, 0, "worker=4", "worker=el", "el", "el-0.el"), "TRAINHOOK_ELASTIC": "2:4"})),
     ("the user's variables are kept and come after the injected ones", "Pod", pod_of_statefulset(USER_ENV_STS, 1),
      wired(pod_of_statefulset(USER_ENV_STS, 1),
            {k: v for k, v in torch_env("mine-0.mine", 2, 1).items() if k != "RANK"},

@@ -155,6 +155,13 @@ def member_of(pod: dict, namespace: str, problems: Problems) -> Member | None:
     return Member(framework, job_name, namespace, role, index, shape, hosts, subdomain, port, options)
 
 
+def elastic_gang_env(member: Member) -> list[tuple[str, str]]:
+    """TRAINHOOK_ELASTIC=min:max for an elastic PyTorch gang: the gang wait (which has no PET_* variables) and the
+    launcher wait for min members, not all max the shape allows."""
+    elastic = parse_elastic(member.option(keys.ELASTIC)) if member.framework == keys.PYTORCH else None
+    return [(keys.TH_ELASTIC, f"{elastic[0]}:{elastic[1]}")] if elastic else []
+
+
 def gang_env(member: Member, settings: Settings) -> list[tuple[str, str]]:
     """TRAINHOOK_* variables: the gang's identity and peers, for the launcher and the gang wait."""
     return [
@@ -172,7 +179,7 @@ def gang_env(member: Member, settings: Settings) -> list[tuple[str, str]]:
         (keys.TH_GANG_WAIT, member.option(keys.GANG_WAIT, "dns")),
         (keys.TH_GANG_WAIT_PORT, str(keys.GANG_WAIT_PORT)),
         (keys.TH_WAIT_TIMEOUT, str(settings.wait_timeout)),
-    ] + ([(keys.TH_GANG_TOKEN, gang_token(settings.gang_key, member.namespace, member.job_name))]
+    ] + elastic_gang_env(member) + ([(keys.TH_GANG_TOKEN, gang_token(settings.gang_key, member.namespace, member.job_name))]
          if settings.gang_key else [])
 
 
