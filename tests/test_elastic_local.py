@@ -124,7 +124,7 @@ def test_the_elastic_example_trains_on_while_scaled_2_3_2_and_resumes_its_step_c
 # --- refusals and the lifecycle, with plain Python ------------------------------------------------------------
 
 def gang(name: str, replicas: int, elastic: str | None = None, env: dict | None = None) -> list:
-    annotations = {"trainhook.dev/gang-wait": "none"}  # the coordinator assembles; see test_elastic_launcher
+    annotations: dict[str, str] = {}
     if elastic:
         annotations["trainhook.dev/elastic"] = elastic
     labels = {"trainhook.dev/framework": "pytorch"}
@@ -185,4 +185,7 @@ def test_scales_are_refused_as_a_cluster_refuses_them_and_an_elastic_gang_lives_
     rows = local_summary(output)
     assert rows["el-2"][-1] == "Deleted" and "fixed-2" not in rows
     assert output.count("TRAIN el 2 ") == 1  # the deleted member ran once and was not restarted
+    # The scaled-up pod's gang wait waited for the first min members (and itself), not for all max.
+    assert re.search(r"^\[el-2/trainhook-gang-wait\] trainhook-launch wait: 3/3 peers resolve$", output, re.M)
+    assert re.search(r"^\[el-0/trainhook-gang-wait\] trainhook-launch wait: 2/2 peers resolve$", output, re.M)
     assert len(re.findall(r"^\[fixed-\d\] TRAIN ", output, re.M)) == 2  # the refusal touched no running pod
