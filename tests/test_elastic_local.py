@@ -15,7 +15,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml

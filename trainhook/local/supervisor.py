@@ -27,140 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from trainhook.launcher.lifecycle import TH_LOCAL_STATUS
+from trainhook.local.containers import TH_LOCAL_CONTAINER, _kill_session, exit_code, exited, restarts  # noqa: F401
 from trainhook.local.pods import ContainerSpec, LocalPod
+from trainhook.local.results import ContainerResult, Output, PodResult, RunResult  # noqa: F401 - re-exported
 
 EXIT_TIMEOUT = 124
-_CHUNK = 65536
 RESTART_BACKOFF, MAX_BACKOFF = 0.5, 10.0  # the kubelet's is 10 s doubling to 5 min; a local run keeps it short
 WATCH_EVERY = 0.2
 # After a member fails, the other containers get this long to end on their own before the runner stops them.
 FAILURE_SETTLE = 2.0
 PARKED = "parked"
-# Set on every container's processes: what finds them all when the container ends (`_kill_session`).
-TH_LOCAL_CONTAINER = "TRAINHOOK_LOCAL_CONTAINER"
-
-
-async def exited(proc: asyncio.subprocess.Process, poll: float = 0.05) -> int:
-    """The main process's exit status, as soon as it has exited. (`proc.wait()` also waits for its stdout to
-    close, which a process left behind in the container can hold open; the container ends with its main
-    process, so the supervisor waits for this instead.)"""
-    while proc.returncode is None:
-        await asyncio.sleep(poll)
-    return proc.returncode
-
-
-def exit_code(returncode: int) -> int:
-    """A process's status as Kubernetes reports a container's: 128+N when killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-@dataclass
-class ContainerResult:
-    name: str
-    kind: str
-    exit_code: int | None = None  # None: never started, or still running when the run ended
-    started: float | None = None
-    finished: float | None = None
-    stopped: bool = False  # the supervisor sent it SIGTERM (the run was ending, or it was a sidecar)
-    gang_aware: bool = False  # run under `trainhook-launch run`: its gang's outcome judges it, not its code
-
-    @property
-    def failed(self) -> bool:
-        """Exited non-zero on its own (not because it was told to stop)."""
-        return bool(self.exit_code) and not self.stopped and self.kind != "sidecar" and not self.gang_aware
-
-
-@dataclass
-class PodResult:
-    name: str
-    rank: str
-    containers: list[ContainerResult] = field(default_factory=list)
-    reason: str = "Pending"  # Completed, Error, Init:Error, Terminated, Parked, Pending
-    training: str = ""  # the training container's name
-    training_exit: int | None = None  # a gang-aware pod's training command's last exit code (its launcher's)
-    gang: str = ""  # namespace/job of a gang-aware pod
-
-    @property
-    def exit_code(self) -> int | None:
-        """The training's exit code (a gang-aware pod's training command's own), or the failed init container's."""
-        failed_init = [c for c in self.containers if c.kind == "init" and c.exit_code]
-        if failed_init:
-            return failed_init[0].exit_code
-        if self.training_exit is not None:
-            return self.training_exit
-        training = [c for c in self.containers if c.kind == "main" and c.name == self.training] or \
-            [c for c in self.containers if c.kind == "main"]
-        return training[0].exit_code if training else None
-
-    @property
-    def restarts(self) -> int:
-        """How often the training container was restarted (the kubelet's restartCount)."""
-        return max(0, len([c for c in self.containers if c.kind == "main" and c.name == self.training]) - 1)
-
-    @property
-    def duration(self) -> float | None:
-        starts = [c.started for c in self.containers if c.started is not None]
-        ends = [c.finished for c in self.containers if c.finished is not None]
-        return max(ends) - min(starts) if starts and ends else None
-
-
-@dataclass
-class RunResult:
-    pods: list[PodResult]
-    exit_code: int
-    reason: str  # Succeeded, Failed, Timeout, Interrupted
-    first_failure: str = ""  # "pod/container exited with N", or "gang NS/JOB failed: ..."
-    gangs: dict[str, dict] = field(default_factory=dict)  # "namespace/job" -> its outcome, as its launchers say
-
-
-class Output:
-    """Writes container output to the terminal, one prefixed line at a time, and to per-container log files."""
-
-    def __init__(self, stream: BinaryIO, log_dir: Path):
-        self.stream: BinaryIO | None = stream
-        self.log_dir = log_dir
-        self._opened: set[Path] = set()  # logs started by this run: a kept --workdir starts fresh ones
-
-    def log_path(self, pod: str, container: str) -> Path:
-        path = self.log_dir / pod / f"{container}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def line(self, prefix: bytes, data: bytes) -> None:
-        if self.stream is None:
-            return
-        try:
-            self.stream.write(prefix + data.rstrip(b"\r\n") + b"\n")
-            self.stream.flush()
-        except (BrokenPipeError, ValueError):
-            self.stream = None  # the reader went away (`| head`): the log files still get everything
-
-    async def pump(self, reader: asyncio.StreamReader, prefix: str, log_path: Path) -> None:
-        tag = f"[{prefix}] ".encode()
-        pending = b""
-        mode = "ab" if log_path in self._opened else "wb"
-        self._opened.add(log_path)
-        with open(log_path, mode) as log:
-            while chunk := await reader.read(_CHUNK):
-                log.write(chunk)
-                log.flush()
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self.line(tag, line)
-        if pending:
-            self.line(tag, pending)
-
-
 class Supervisor:
     def __init__(self, pods: list[LocalPod], output: Output, timeout: float | None = None,
                  grace_seconds: float | None = None, restart_policies: dict[str, str] | None = None,
@@ -523,34 +405,3 @@ class Supervisor:
         if record.exit_code != 0 and (spec.training or spec.kind == "init") and not record.gang_aware and final:
             self._failed(pod, spec, record.exit_code)
         return record.exit_code
-
-
-def restarts(policy: str, code: int) -> bool:
-    """Whether the kubelet restarts a container that exited with `code` under the pod's restartPolicy."""
-    return policy == "Always" or (policy == "OnFailure" and code != 0)
-
-
-def _kill_session(sid: int, mark: str | None = None) -> None:
-    """SIGKILL every process of a container, as a runtime does when its main process ends: every process of
-    session `sid` (its main process started it), whatever process group it moved to, and every process whose
-    environment carries the container's `mark` (TH_LOCAL_CONTAINER), which catches the ones that left the
-    session (torchrun starts its workers in sessions of their own) and outlived their parents."""
-    _killpg(sid, signal.SIGKILL)
-    needle = f"{TH_LOCAL_CONTAINER}={mark}".encode() if mark else None
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
-            if int(fields[3]) == sid or (needle and needle in (entry / "environ").read_bytes().split(b"\0")):
-                os.kill(int(entry.name), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            continue
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
