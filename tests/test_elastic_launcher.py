@@ -4,8 +4,11 @@ real member links on loopback where one member leaves and another joins the runn
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -258,3 +261,11 @@ def test_over_tcp_a_member_leaves_and_another_joins_the_running_attempt():
         for member in links.values():
             member.close()
         coordinator.close()
+
+
+def test_a_pods_gang_wait_beyond_the_maximum_says_so_and_exits_2_instead_of_waiting():
+    result = subprocess.run([sys.executable, "-m", "trainhook.launcher.cli", "wait"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, **env(index=4, **{keys.TH_RANK: "4"})})
+    assert result.returncode == 2, result.stderr
+    assert "this pod is beyond the elastic gang's maximum of 4 members (trainhook.dev/elastic=2:4); scale the " \
+           "workload to at most 4 worker replicas, or raise the maximum" in result.stderr

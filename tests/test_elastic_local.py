@@ -20,6 +20,8 @@ from pathlib import Path
 import yaml
 from helpers import local_summary, wait_for
 
+from trainhook.local.scaling import plan
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = """import os, sys, time
 index, job = int(os.environ["TRAINHOOK_INDEX"]), os.environ["TRAINHOOK_JOB_NAME"]
@@ -188,3 +190,23 @@ def test_scales_are_refused_as_a_cluster_refuses_them_and_an_elastic_gang_lives_
     assert re.search(r"^\[el-2/trainhook-gang-wait\] trainhook-launch wait: 3/3 peers resolve$", output, re.M)
     assert re.search(r"^\[el-0/trainhook-gang-wait\] trainhook-launch wait: 2/2 peers resolve$", output, re.M)
     assert len(re.findall(r"^\[fixed-\d\] TRAIN ", output, re.M)) == 2  # the refusal touched no running pod
+
+
+# --- the command's own errors (no run needed) -----------------------------------------------------------------
+
+def test_the_scale_plan_creates_missing_ordinals_and_deletes_the_highest_first():
+    assert plan({0: "a-0", 1: "a-1"}, 4) == ([2, 3], [])
+    assert plan({0: "a-0", 1: "a-1", 2: "a-2", 3: "a-3"}, 2) == ([], ["a-3", "a-2"])
+    assert plan({0: "a-0", 2: "a-2"}, 2) == ([1], ["a-2"])  # a missing ordinal is created again
+
+
+def test_scale_says_what_is_wrong_without_a_run_or_with_a_target_it_cannot_scale(tmp_path):
+    def scale(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trainhook.cli", "local", "scale", *args], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT)
+
+    none = scale(str(tmp_path), "statefulset/el", "--replicas", "3")
+    assert (none.returncode, none.stderr) == (1, f"error: {tmp_path}: no `trainhook local` run is running with this "
+                                                 f"run directory (start it with --workdir {tmp_path})\n")
+    job = scale(str(tmp_path), "job/el", "--replicas", "3")
+    assert job.returncode == 1 and job.stderr.startswith("error: 'job/el': give the target as statefulset/NAME")
