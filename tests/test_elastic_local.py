@@ -5,8 +5,8 @@ rendezvous, DDP on gloo, scaled 2 -> 3 -> 2 while it trains; the training's own 
 step counter, which must continue across every rendezvous round. The other runs three small gangs at once (plain
 Python under the delivered launcher, no torch, so it is quick): a fixed-size gang whose scale is refused as a
 cluster refuses `kubectl scale`, an elastic gang scaled outside its range (refused), then within it (a member
-joins the running attempt, then leaves on a scale-down without failing anything), and an elastic gang whose
-member really fails, which fails the gang.
+joins the running attempt, then leaves on a scale-down without failing anything; a deleted pod is created again
+and rejoins), and an elastic gang whose member really fails, which fails the gang.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ class Run:
     def scale(self, name: str, replicas: int) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "trainhook.cli", "local", "scale", str(self.dir),
                                f"statefulset/{name}", "--replicas", str(replicas)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    def delete(self, pod: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trainhook.cli", "local", "delete", str(self.dir), f"pod/{pod}"],
                               capture_output=True, text=True, timeout=120, cwd=ROOT)
 
     def finish(self) -> str:
@@ -145,7 +149,7 @@ def gang(name: str, replicas: int, elastic: str | None = None, env: dict | None 
                       "template": {"metadata": {"labels": {"app": name, **labels}}, "spec": spec}}}]
 
 
-def test_scales_are_refused_as_a_cluster_refuses_them_and_an_elastic_gang_lives_through_one(tmp_path):
+def test_scales_are_refused_as_a_cluster_refuses_them_and_an_elastic_gang_lives_through_them(tmp_path):
     docs = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "code"}, "data": {"train.py": TRAIN}},
             *gang("fixed", 2), *gang("el", 2, elastic="2:3"), *gang("boom", 2, elastic="1:2", env={"FAIL_INDEX": "1"})]
     run = Run(tmp_path, docs, timeout=150)
@@ -172,6 +176,13 @@ def test_scales_are_refused_as_a_cluster_refuses_them_and_an_elastic_gang_lives_
         assert run.scale("el", 2).returncode == 0
         run.wait_line(r"^\[el-0\] .*rank 2 \(worker-2 at el-2\.el\) is leaving the elastic gang \(worker-2 got "
                       r"SIGTERM\); not a failure")
+        # A pod deleted (or evicted) is created again by its controller and rejoins the running attempt.
+        deleted = run.delete("el-1")
+        assert (deleted.returncode, deleted.stdout) == (0, 'pod "el-1" deleted\n'), deleted.stderr
+        run.wait_line(r"^\[el-1\] TRAIN el 1 attempt=1$", count=2)
+        assert re.search(r"^\[el-0\] .*rank 1 \(worker-1 at el-1\.el\) is leaving the elastic gang", run.output(),
+                         re.M)
+        run.wait_line(r"^\[el-0\] .*rank 1 \(worker-1 at el-1\.el\) joined the running elastic gang")
         run.wait_line(r"^\[boom-0\] trainhook-launch coordinator: gang failed")
         (run.dir / "claims" / "default" / "shared" / "finish").write_text("")
         output = run.finish()
@@ -184,7 +195,7 @@ def test_scales_are_refused_as_a_cluster_refuses_them_and_an_elastic_gang_lives_
     assert gangs["default/boom"]["reason"] == "rank 1 (worker-1 at boom-1.boom) exited with 3"
     assert run.proc.returncode == 3, output[-4000:]
     rows = local_summary(output)
-    assert rows["el-2"][-1] == "Deleted" and "fixed-2" not in rows
+    assert rows["el-2"][-1] == "Deleted" and rows["el-1"][-1] == "Parked" and "fixed-2" not in rows
     assert output.count("TRAIN el 2 ") == 1  # the deleted member ran once and was not restarted
     # The scaled-up pod's gang wait waited for the first min members (and itself), not for all max.
     assert re.search(r"^\[el-2/trainhook-gang-wait\] trainhook-launch wait: 3/3 peers resolve$", output, re.M)

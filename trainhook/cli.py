@@ -98,10 +98,10 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 def main(argv: list[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    if given[:2] == ["local", "scale"]:  # `trainhook local MANIFEST` takes any word as its manifest: this first
-        from trainhook.local.scale_cli import main as scale_main
+    if given[:2] in (["local", "scale"], ["local", "delete"]):  # before `trainhook local MANIFEST` takes the word
+        from trainhook.local import scale_cli
 
-        return scale_main(given[2:])
+        return (scale_cli.main if given[1] == "scale" else scale_cli.delete_main)(given[2:])
     own, command = split_command(given)
     args = build_parser().parse_args(own)
     if command is not None:

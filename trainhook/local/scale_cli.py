@@ -1,7 +1,8 @@
-"""The command side of `trainhook local scale [RUN_DIR] statefulset/NAME --replicas N` (scaling.py is the runner's).
+"""The command side of `trainhook local scale [RUN_DIR] statefulset/NAME --replicas N` and `trainhook local delete
+[RUN_DIR] pod/NAME` (scaling.py is the runner's).
 
-It prints what kubectl prints (`statefulset.apps/NAME scaled`, or the API server's refusal) and exits 0 or 1,
-so a script written against `kubectl scale` reads the same here.
+They print what kubectl prints (`statefulset.apps/NAME scaled`, `pod "NAME" deleted`, or the API server's refusal)
+and exit 0 or 1, so a script written against `kubectl scale` / `kubectl delete pod` reads the same here.
 """
 
 from __future__ import annotations
@@ -67,13 +68,13 @@ def run_dir_of(given: str | None) -> Path:
                      f"directory of the one to scale")
 
 
-def scale(run_dir: Path, name: str, namespace: str, replicas: int, timeout: float) -> dict:
-    """Hand the request to the runner and wait for its answer ({"ok", "message", "warnings"})."""
+def ask(run_dir: Path, body: dict, timeout: float) -> dict:
+    """Hand a request to the runner and wait for its answer ({"ok", "message", "warnings"})."""
     control = run_dir / CONTROL
     ident = uuid.uuid4().hex
     request = control / f"scale-{time.time_ns()}-{ident}.request.json"
     answer = request.with_name(request.name.replace(".request", ".answer"))
-    write_atomically(request, {"name": name, "namespace": namespace, "replicas": replicas})
+    write_atomically(request, body)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
@@ -96,10 +97,44 @@ def main(argv: list[str]) -> int:
         if args.replicas < 0:
             raise ScaleError(f"--replicas={args.replicas}: must be 0 or more")
         run_dir = run_dir_of(args.where[0] if len(args.where) == 2 else None)
-        answer = scale(run_dir, name, args.namespace, args.replicas, args.timeout)
+        answer = ask(run_dir, {"name": name, "namespace": args.namespace, "replicas": args.replicas},
+                     args.timeout)
     except ScaleError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    return report(answer)
+
+
+def delete_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainhook local delete", description=(
+        "Delete a pod of a running `trainhook local` run, as `kubectl delete pod` does (an eviction does the same "
+        "to a pod): its containers get SIGTERM, then SIGKILL after its grace period; a StatefulSet's pod is then "
+        "created again by its controller, through the webhook."))
+    p.add_argument("where", nargs="+", metavar="[RUN_DIR] pod/NAME")
+    p.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
+    p.add_argument("--timeout", type=float, default=ANSWER_TIMEOUT,
+                   help=f"seconds to wait for the run to answer (default {ANSWER_TIMEOUT:g})")
+    return p
+
+
+def delete_main(argv: list[str]) -> int:
+    args = delete_parser().parse_args(argv)
+    if len(args.where) > 2:
+        delete_parser().error("give at most RUN_DIR and pod/NAME")
+    try:
+        kind, sep, name = args.where[-1].partition("/")
+        if not sep or not name or kind.lower() not in ("pod", "pods", "po"):
+            raise ScaleError(f"{args.where[-1]!r}: give the target as pod/NAME")
+        run_dir = run_dir_of(args.where[0] if len(args.where) == 2 else None)
+        answer = ask(run_dir, {"pod": name, "namespace": args.namespace}, args.timeout)
+    except ScaleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return report(answer)
+
+
+def report(answer: dict) -> int:
+    """Print the runner's answer as kubectl would; the exit status."""
     for warning in answer.get("warnings") or []:
         print(f"Warning: {warning}", file=sys.stderr)
     if not answer.get("ok"):

@@ -159,6 +159,9 @@ class Scaler:
         say = supervisor.output.line
         try:
             request = json.loads(path.read_text())
+            if "pod" in request:
+                return await self.delete(str(request["pod"]), str(request["namespace"]), supervisor, loop,
+                                         restart_policy)
             name, namespace, replicas = str(request["name"]), str(request["namespace"]), int(request["replicas"])
             if replicas < 0:
                 raise ValueError("replicas must be 0 or more")
@@ -183,6 +186,31 @@ class Scaler:
         for pod in pods:
             await supervisor.add_pod(pod, restart_policy(self.run_dir / "pods" / pod.name))
         return {"ok": True, "message": f"statefulset.apps/{name} scaled", "warnings": failures}
+
+
+    async def delete(self, name: str, namespace: str, supervisor, loop, restart_policy) -> dict:
+        """`kubectl delete pod`: the kubelet stops it (SIGTERM, grace, SIGKILL); a StatefulSet's controller then
+        creates it again, through admission, once the old one is gone (a pod replaced after an eviction)."""
+        pod = next((p for p in self.state.pods if p["metadata"]["name"] == name
+                    and p["metadata"].get("namespace") == namespace), None)
+        if pod is None:
+            return {"ok": False, "message": f'Error from server (NotFound): pods "{name}" not found'}
+        owner = next((r.get("name") for r in pod["metadata"].get("ownerReferences") or []
+                      if r.get("kind") == "StatefulSet"), None)
+        supervisor.output.line(b"", f"trainhook local: pod {name} deleted".encode()
+                               + (f"; StatefulSet {owner} will create it again".encode() if owner else b""))
+        supervisor.delete_pod(name)
+        self.forget([name])
+        if owner is not None:
+            sts = find_statefulset(self.state.workloads, owner, namespace)
+            create, _ = plan(ordinals(self.state.pods, owner), int(sts["spec"].get("replicas", 1)))
+            await supervisor.wait_gone([name])
+            pods, failures = await loop.run_in_executor(None, self.create, sts, create)
+            for message in failures:
+                supervisor.output.line(b"", f"trainhook local: {message}".encode())
+            for new in pods:
+                await supervisor.add_pod(new, restart_policy(self.run_dir / "pods" / new.name))
+        return {"ok": True, "message": f'pod "{name}" deleted'}
 
 
 def register(run_dir: Path) -> Path:
