@@ -9,6 +9,9 @@ A cluster handles `kubectl scale` in two halves, and so does a local run:
   as at the run's start) or deletes the highest ones, which the kubelet stops: SIGTERM, the pod's grace period,
   SIGKILL, no restart. A pod name is reused only once the deleted pod is gone, as the controller waits.
 
+`trainhook local delete [RUN_DIR] pod/NAME` goes the same way: the pod is stopped as a kubelet stops a deleted pod,
+and a StatefulSet's controller creates it again once it is gone (a pod replaced after an eviction).
+
 The command and the runner talk through files in RUN_DIR/control (the runner polls it): the command writes a
 request, the runner answers. Only a runner that is alive answers; the command says so when there is none.
 Without RUN_DIR the command finds the run among those registered in /run/trainhook-local (one file per runner).
