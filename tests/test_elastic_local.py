@@ -117,9 +117,11 @@ def test_the_elastic_example_trains_on_while_scaled_2_3_2_and_resumes_its_step_c
     # Every round resumes from the checkpoint: the counter never goes back to 0, and never skips a step.
     rounds = [(int(w), int(s)) for w, s in ROUND.findall(output)]
     assert rounds[0] == (2, 0) and [w for w, _ in rounds[1:]] == [3, 2] and all(s > 0 for _, s in rounds[1:])
-    assert set(counters) == set(range(1, 91))  # no step skipped
-    for before, after in zip(counters, counters[1:]):  # a step again only where a round resumed before it
-        assert after == before + 1 or (after <= before and after - 1 in [s for _, s in rounds[1:]]), counters
+    resumed = {s for _, s in rounds[1:]}
+    # No step skipped: each was printed, or saved and resumed from (a worker stopped between saving and printing).
+    assert set(counters) | resumed >= set(range(1, 91)), counters
+    for before, after in zip(counters, counters[1:]):  # the next step, or the one after a round's checkpoint
+        assert after == before + 1 or after - 1 in resumed, counters
     assert "trainhook local: gang default/elastic succeeded (exit 0; attempt 1, 0 gang restarts)" in output
     rows = local_summary(output)
     assert rows["elastic-2"][-1] == "Deleted" and {rows[p][-1] for p in ("elastic-0", "elastic-1")} == {"Parked"}
