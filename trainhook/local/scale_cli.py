@@ -25,7 +25,8 @@ class ScaleError(Exception):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainhook local scale", description=(
+    p = argparse.ArgumentParser(prog="trainhook local scale", usage=(
+        "trainhook local scale [RUN_DIR] statefulset/NAME --replicas N [-n NAMESPACE] [--timeout S]"), description=(
         "Scale a StatefulSet of a running `trainhook local` run, as `kubectl scale` scales one on a cluster: the "
         "webhook's scale rule accepts or refuses the size; new pods are admitted through the webhook, removed "
         "ones are stopped as a kubelet stops a deleted pod."))
@@ -106,7 +107,8 @@ def main(argv: list[str]) -> int:
 
 
 def delete_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainhook local delete", description=(
+    p = argparse.ArgumentParser(prog="trainhook local delete", usage=(
+        "trainhook local delete [RUN_DIR] pod/NAME [-n NAMESPACE] [--timeout S]"), description=(
         "Delete a pod of a running `trainhook local` run, as `kubectl delete pod` does (an eviction does the same "
         "to a pod): its containers get SIGTERM, then SIGKILL after its grace period; a StatefulSet's pod is then "
         "created again by its controller, through the webhook."))
