@@ -131,7 +131,11 @@ def one_round(node: Node, variant: str, size: int, workload: str = "torch", time
         deadline = time.monotonic() + timeout
         while len(ranks) < size:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: only ranks {sorted(ranks)} reached their loop in {timeout:.0f}s")
+                logs = "".join(f"\n--- {name}-{i}\n" + node.kubectl("logs", "-n", NAMESPACE, f"{name}-{i}", "-c", "trainer",
+                                                                   "--tail=15", check=False) for i in range(size))
+                pods = node.kubectl("get", "pods,events", "-n", NAMESPACE, check=False)
+                raise RuntimeError(f"{name}: only ranks {sorted(ranks)} reached their loop in {timeout:.0f}s{logs}\n"
+                                   f"{pods}")
             for i in range(size):  # one process per pod: pod i runs rank i, either way
                 if i in ranks:
                     continue
@@ -177,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]  # alternate who goes first
                 for variant in order:
-                    figures = one_round(node, variant, size, args.workload)
+                    try:
+                        figures = one_round(node, variant, size, args.workload)
+                    except RuntimeError as e:  # a gang that never reached its loop: kept, said, not timed
+                        figures = {"variant": variant, "size": size, "workload": args.workload, "failed": str(e)}
                     results["rounds"].append(figures)
                     print(json.dumps(figures), flush=True)
         results["summary"] = summary(results["rounds"], sizes)
@@ -194,13 +201,16 @@ def main(argv: list[str] | None = None) -> int:
 def summary(rounds: list[dict], sizes: list[int]) -> dict:
     out = {}
     for size in sizes:
-        by = {v: [r["to_loop_s"] for r in rounds if r["size"] == size and r["variant"] == v] for v in VARIANTS}
+        done = [r for r in rounds if "failed" not in r]
+        by = {v: [r["to_loop_s"] for r in done if r["size"] == size and r["variant"] == v] for v in VARIANTS}
         out[str(size)] = {v: summarize(values) for v, values in by.items()}
         out[str(size)]["overhead_median_s"] = round(statistics.median(by["trainhook"]) -
                                                     statistics.median(by["by-hand"]), 3)
         for key in ("to_last_import_s", "import_to_loop_s"):
-            out[str(size)][key] = {v: round(statistics.median(r[key] for r in rounds if r["size"] == size and
+            out[str(size)][key] = {v: round(statistics.median(r[key] for r in done if r["size"] == size and
                                                               r["variant"] == v), 3) for v in VARIANTS}
+        out[str(size)]["failed"] = {v: sum(1 for r in rounds if "failed" in r and r["size"] == size and
+                                           r["variant"] == v) for v in VARIANTS}
     return out
 
 
