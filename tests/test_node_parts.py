@@ -155,7 +155,7 @@ def test_an_image_key_follows_its_dockerfile_the_files_it_copies_and_its_base(tm
 
 def test_every_image_is_planned_with_a_local_reference():
     planned = images.plan(Path("/nonexistent"), [])
-    assert set(planned) == {"base", "pause", "webhook", "launcher", "torch", "mpi"}
+    assert set(planned) == {"base", "pause", "webhook", "launcher", "torch", "mpi", "tensorflow", "xgboost"}
     assert all(i.ref == f"localhost/trainhook/{n}:{i.key}" and len(i.key) == 16 for n, i in planned.items())
     assert planned["webhook"].key != planned["launcher"].key
     assert images.digest("ab", "c") != images.digest("a", "bc")
