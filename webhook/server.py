@@ -187,9 +187,10 @@ def keep_launcher_configmaps(app: web.Application, api_client, namespaces: tuple
 
     async def keep(app: web.Application):
         async def loop():
+            core = None  # made once; again only while it could not be made (no API config yet)
             while True:
                 try:
-                    core = client.CoreV1Api(api_client or kube_client())
+                    core = core or client.CoreV1Api(api_client or kube_client())
                     done = await asyncio.to_thread(launcher_configmap.publish, core, namespaces, name, zip_bytes,
                                                    shim)
                 except Exception as e:  # noqa: BLE001  no API at all: serve with the init container, say why
