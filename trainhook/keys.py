@@ -193,3 +193,15 @@ COORDINATOR_PORT = 29497
 # The gang's token: HMAC-SHA256 of `<namespace>/<job-name>` under a key only the webhook holds. The launchers
 # authenticate their coordination messages with it, so nothing outside the gang can end or restart it.
 TH_GANG_TOKEN = "TRAINHOOK_GANG_TOKEN"
+
+# --- The notary (issue 22, docs/security.md) -------------------------------------------------------------------
+# The pod's identity: a projected serviceAccountToken (audience IDENTITY_AUDIENCE) the webhook mounts read-only at
+# IDENTITY_DIR (file `token`) from the volume IDENTITY_VOLUME. The launcher presents it to the notary, which
+# checks it with a TokenReview (under `trainhook local`, the runner writes a random per-pod token there instead).
+IDENTITY_VOLUME = "trainhook-identity"
+IDENTITY_DIR = "/var/run/secrets/trainhook.dev/identity"
+IDENTITY_AUDIENCE = "trainhook"
+# The notary's base URL (https://<service>.<namespace>.svc:<port>) and the PEM CA bundle that verifies it,
+# injected by the webhook into the launcher's containers.
+TH_NOTARY = "TRAINHOOK_NOTARY"
+TH_NOTARY_CA = "TRAINHOOK_NOTARY_CA"
