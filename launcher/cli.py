@@ -46,12 +46,13 @@ Run CMD as a child: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded t
 reaped when the launcher is the container's PID 1, and the exit code is CMD's own (128+N when CMD is killed
 by signal N, as a shell reports it; 127 when CMD does not exist).
 In a gang (TRAINHOOK_* set by the webhook) the members' launchers coordinate through rank 0's (port 29497,
-messages signed with TRAINHOOK_GANG_TOKEN): the training starts on every member together; when rank 0 exits 0
+messages signed with the gang's key, which the notary at TRAINHOOK_NOTARY gives each member's launcher for its
+pod's identity token): the training starts on every member together; when rank 0 exits 0
 the gang succeeded and every member's training ends; when a member fails, every member's training is stopped
 (TRAINHOOK_ON_FAILURE=fail-gang) or restarted together with a fresh rendezvous (restart-gang, codes >= 128,
 up to TRAINHOOK_MAX_RESTARTS times). Then Job pods exit (0, or the gang's code) and StatefulSet pods park
-without rerunning the training; the first pod of a role records the outcome on its workload and scales a
-StatefulSet to zero when its ServiceAccount may. See docs/gang-lifecycle.md."""
+without rerunning the training; rank 0's launcher records the outcome through the notary, which annotates the
+workloads, scales a StatefulSet to zero and emits an Event. See docs/gang-lifecycle.md."""
 
 TORCHRUN_HELP = f"""\
 Run torchrun (python -m torch.distributed.run) with --nnodes, --nproc-per-node, --node-rank, --master-addr and

@@ -17,7 +17,12 @@ The rules (contract section 7):
 - A member that joins once the gang is done is told the outcome and never runs; one that joins after it
   finished its part of the current attempt (its container restarted) is told so and does not run it again.
 - A coordinator that starts while members report an attempt already under way is a restarted rank 0: its
-  training was lost, which is handled as rank 0 failing with 129. An outcome any member reports is adopted.
+  training was lost, which is handled as rank 0 failing with 129. An outcome a member reports is never adopted
+  (issue 22: a member, or whoever got hold of its pod, must not be able to end the gang with a made-up
+  outcome); what a restarted coordinator knows comes from its own outcome marker or the notary's record, which
+  gang_run reads (GET /v1/outcome) before the coordinator starts. Such a member counts as idle.
+- A gang restart is also an Event on the gang's workloads (`events`, sent by the launcher through the notary,
+  best effort: it never holds the gang up).
 - An elastic gang (PyTorch `trainhook.dev/elastic: min:max`) changes size while it runs: elastic.py says how.
 """
 
@@ -73,6 +78,8 @@ class GangState:
     log: list[str] = field(default_factory=list)
     decider: int = field(init=False, default=0)  # deciding_rank(gang)
     short_since: float | None = None  # an elastic gang has had fewer than min members since
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message) for the notary
+    claims_refused: set = field(default_factory=set)  # ranks whose claimed outcome was refused (logged once)
 
     def __post_init__(self) -> None:
         self.records = [Record() for _ in self.gang.peers]
@@ -85,7 +92,8 @@ class GangState:
 
     # --- events ---------------------------------------------------------------------------------------------
     def adopt(self, outcome: Outcome, source: str) -> None:
-        """An outcome decided before this coordinator started (a marker, the workload's annotation, a member)."""
+        """An outcome decided before this coordinator started: its own marker, or the notary's record (never a
+        member's report: see _learn)."""
         if self.outcome is None:
             self.log.append(f"the gang is already done ({source}): {outcome.summary()}")
             self._finish(outcome, announce=False)
@@ -187,7 +195,11 @@ class GangState:
     def _learn(self, rank: int, report: Report) -> None:
         """Take what a member knows and this coordinator does not (after rank 0's launcher restarted)."""
         if report.outcome is not None and self.outcome is None:
-            self.adopt(Outcome.from_dict(report.outcome), f"{self.gang.peers[rank]} reports it")
+            if rank not in self.claims_refused:
+                self.claims_refused.add(rank)
+                self.log.append(f"{self.gang.peers[rank]} reports that the gang is done "
+                                f"({str(report.outcome.get('phase'))[:20]}): not adopted; only this coordinator's "
+                                f"own observation or the notary's record decides the gang's outcome")
             return
         if self.since is None or (report.since is not None and report.since < self.since):
             self.since = report.since if report.since is not None else self.since
@@ -240,6 +252,9 @@ class GangState:
             self.phase, self.barrier_since = RESTARTING, self.now
             self.log.append(f"{why}: restarting the gang (restart {self.restarts} of {policy.max_restarts}); "
                             f"stopping every member's training")
+            self.events.append(("Warning", "GangRestarted", f"{why}: gang restart {self.restarts} of "
+                                f"{policy.max_restarts} (attempt {self.attempt + 1} starts when every member "
+                                f"has stopped)"))
             for member, record in enumerate(self.records):
                 if record.connection and record.status == RUNNING:
                     self.outbox.append((member, {"type": "stop", "attempt": self.attempt, "why": why}))
@@ -295,9 +310,13 @@ class Coordinator:
     """GangState behind a TCP server. All state changes happen under one lock, and the messages they produce
     are sent before it is released, so every member sees them in the order they were decided."""
 
-    def __init__(self, gang: Gang, policy: Policy, token: bytes, port: int,
-                 log: Callable[[str], None] = say, clock: Callable[[], float] = time.time):
-        self.gang, self.token, self.port, self.say, self.clock = gang, token, port, log, clock
+    def __init__(self, gang: Gang, policy: Policy, key: bytes, port: int,
+                 log: Callable[[str], None] = say, clock: Callable[[], float] = time.time,
+                 notify: Callable[[str, str, str], None] | None = None):
+        """`key`: the gang's signing key (from the notary); `notify(type, reason, message)`: hands an Event to
+        the notary without blocking (called with the lock held)."""
+        self.gang, self.key, self.port, self.say, self.clock = gang, key, port, log, clock
+        self.notify = notify
         self.state = GangState(gang, policy, clock())
         self.lock = threading.Lock()
         self.channels: dict[int, wire.Channel] = {}
@@ -346,6 +365,9 @@ class Coordinator:
         for line in self.state.log:
             self.say(line)
         self.state.log.clear()
+        events, self.state.events = self.state.events, []
+        for event in events if self.notify is not None else ():
+            self.notify(*event)
         outbox, self.state.outbox = self.state.outbox, []
         for rank, body in outbox:
             channel = self.channels.get(self.state.records[rank].connection)
@@ -393,7 +415,7 @@ class Coordinator:
                                                             self.gang.job_name, self.gang.size)
             nonce = wire.new_nonce()
             wire.send_plain(wire_sock, {"protocol": wire.PROTOCOL, "nonce": nonce})
-            channel = wire.Channel(wire_sock, reader, self.token, "coordinator", nonce, member_nonce)
+            channel = wire.Channel(wire_sock, reader, self.key, "coordinator", nonce, member_nonce)
             body = channel.receive()
             if body is None:
                 wire_sock.close()

@@ -1,62 +1,68 @@
 """How a gang member ends once its gang's outcome is known, for `run` (gang_run) and the MPI commands alike.
 
-The first member of each role records the outcome on its workload and scales a StatefulSet to zero (what its
-ServiceAccount allows; otherwise it says why, once). Then the member exits, or, where its container would be
-rerun (restartPolicy Always: a StatefulSet's pods), parks: it stays up, idle, until the pod is stopped, so a
-finished gang never trains again. Under `trainhook local` it also keeps the runner's status file, which is how
-the runner knows the container is gang-aware and parked.
+Only the coordinator (rank 0's launcher: the MPI launcher for an MPI gang) records the outcome, through the
+notary (identity.py, POST /v1/outcome), which annotates and labels the gang's workloads, scales a StatefulSet
+to zero and emits an Event: the pods hold no Kubernetes permission. Then the member exits, or, where its
+container would be rerun (restartPolicy Always: a StatefulSet's pods), parks: it stays up, idle, until the pod
+is stopped, so a finished gang never trains again. A notary that cannot be reached is one line in the log, not a
+hang and not a crash. Under `trainhook local` it also keeps the runner's status file, which is how the runner
+knows the container is gang-aware and parked.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sys
 import time
 from pathlib import Path
 
-from trainhook.launcher import outcome_api
+from trainhook import keys
+from trainhook.launcher import identity
 from trainhook.launcher.gang import Gang
 from trainhook.launcher.lifecycle import FAILED, SUCCEEDED, Outcome, Settings, now_rfc3339
 from trainhook.launcher.run import reap_exited
+
+COORDINATOR_RANK = 0  # the notary's anchor: rank 0's pod (for MPI, the launcher, which the webhook ranks first)
+RECORD_DEADLINE = 20.0  # how long the coordinator keeps trying the notary at the end before it says it gave up
 
 
 def say(message: str) -> None:
     print(f"trainhook-launch: {message}", file=sys.stderr, flush=True)
 
 
-def record_outcome(gang: Gang, settings: Settings, outcome: Outcome, log=say) -> str:
-    """The first member of each role records the outcome on its workload and scales a StatefulSet to zero.
-    Returns what happened, in words, for the exit or parking message."""
-    kind, name = settings.workload_kind, settings.workload_name
-    leader = f"{gang.role}-0"
-    if gang.index != 0:
-        return (f"{leader} records the outcome on {kind}/{name}"
-                + (" and scales it to zero" if kind == "StatefulSet" else "") + " when its ServiceAccount may")
-    if kind not in outcome_api.KINDS or not name:
-        return f"the outcome is recorded nowhere: a {kind or 'bare Pod'} gang has no workload to record it on"
-    scaled = " and it is not scaled to zero" if kind == "StatefulSet" else ""
-    try:
-        api = outcome_api.client(settings.service_account_dir)
-    except outcome_api.Unavailable as e:
-        return f"the outcome is not recorded on {kind}/{name}{scaled}: {e}"
-    with api:
+def record_outcome(gang: Gang, settings: Settings, outcome: Outcome, log=say,
+                   notary: identity.Notary | None = None) -> str:
+    """The coordinator records the outcome through the notary (which also stops a StatefulSet and emits the
+    Event); the other members leave it to it. Returns what happened, in words, for the exit or parking message."""
+    if gang.rank != COORDINATOR_RANK:
+        return f"the coordinator ({gang.peers[COORDINATOR_RANK]}) records the outcome through the notary"
+    if notary is None:
         try:
-            outcome_api.record_outcome(api, kind, name, gang.namespace, outcome)
-            log(f"recorded the outcome on {kind}/{name}: {outcome.phase}")
-        except outcome_api.Unavailable as e:
-            log(str(e))
-            return f"the outcome is not recorded on {kind}/{name}{scaled}: {e}"
-        if kind != "StatefulSet":
-            return f"the outcome is recorded on {kind}/{name}"
+            notary = identity.from_settings(settings)
+        except identity.NotaryError as e:
+            return f"the outcome is not recorded: {e}"
+    if notary is None:
+        return f"the outcome is recorded nowhere: no notary ({keys.TH_NOTARY} is not set)"
+    end, last = time.monotonic() + RECORD_DEADLINE, ""
+    while True:
         try:
-            outcome_api.scale_to_zero(api, name, gang.namespace)
-        except outcome_api.Unavailable as e:
-            log(str(e))
-            return f"the outcome is recorded on {kind}/{name}, but it is not scaled to zero: {e}"
-    log(f"scaled {kind}/{name} to zero: its controller deletes the gang's pods")
-    return f"{kind}/{name} is scaled to zero, so its pods are deleted shortly"
+            recorded = notary.record_outcome(outcome)
+            break
+        except identity.NotaryError as e:
+            last = str(e)
+            if e.status is not None and e.status not in (429, 502, 503, 504) or time.monotonic() > end:
+                log(f"the outcome is not recorded: {last}")
+                return f"the outcome is not recorded (the notary: {last})"
+            time.sleep(random.uniform(identity.FIRST_DELAY, identity.MAX_DELAY))
+    if (recorded.phase, recorded.code) != (outcome.phase, outcome.code):
+        log(f"the notary kept the outcome recorded earlier: {recorded.summary()}")
+    else:
+        log(f"the notary recorded the outcome: {recorded.phase}")
+    stops = " and stops it (a StatefulSet is scaled to zero)" if settings.workload_kind == "StatefulSet" else ""
+    return f"the notary recorded {recorded.phase} on the gang's workloads{stops}"
 
 
 def write_atomically(path: Path, data: dict) -> None:
@@ -110,7 +116,7 @@ def park_until_stopped(reap: bool) -> int:
 
 def end_member(gang: Gang, settings: Settings, outcome: Outcome, code: int, log=say,
                training_code: int | None = None) -> int:
-    """Record (as the first of its role), then exit with `code`, or park where the container would be rerun."""
+    """Record (the coordinator only), then exit with `code`, or park where the container would be rerun."""
     recorded = record_outcome(gang, settings, outcome, log)
     if not settings.parks:
         log(f"exiting {code}: the gang is done (restartPolicy {settings.restart_policy}: this container is not "

@@ -1,7 +1,11 @@
-"""The wire between a gang's launchers: JSON lines, every message after the greeting signed with the gang token.
+"""The wire between a gang's launchers: JSON lines, every message after the greeting signed with the gang's key.
 
-The token (TRAINHOOK_GANG_TOKEN) is HMAC-SHA256 of `<namespace>/<job-name>` under a key only the webhook holds,
-so every member of a gang has it and nobody else does: a launcher of another job or namespace has another token.
+The key comes from the notary (identity.py; docs/security.md): HMAC-SHA256 of the gang's identity
+`<namespace>/<job-name>/<anchor workload uid>` under a key only the webhook holds, handed only to a pod whose
+projected identity token proves it is a member of this gang. So every member holds it and nobody else does: not
+a launcher of another job or namespace, not a pod that merely carries the gang's labels, not someone who can
+read the gang's pod specs (the key is in none), and not a job recreated under the same name (a new uid). In the
+formulas below `token` is that key.
 
     member -> coordinator  {"protocol", "namespace", "job", "rank", "nonce": Nm}      greeting, plain
     coordinator -> member  {"protocol", "nonce": Nc}  |  {"error": WHY}               greeting, plain
@@ -114,8 +118,7 @@ class Channel:
             raise Refused(f"message {seq} out of order (expected {self.received}): a replay")
         expected = sign(self.token, self.in_direction, *self.nonces, seq, body)
         if not hmac.compare_digest(expected, mac):
-            raise Refused("bad signature: not signed with this gang's token (another job or namespace, or a "
-                          "forgery)")
+            raise Refused("bad signature: not signed with this gang's key (another gang, or a forgery)")
         self.received += 1
         return body
 

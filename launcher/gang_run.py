@@ -9,14 +9,17 @@ succeeded, at once when it failed) and then:
 - in a pod whose containers are not restarted (a Job's: restartPolicy Never or OnFailure) it exits: 0 when the
   gang succeeded, else the gang's exit code;
 - in a pod whose containers are restarted (restartPolicy Always: a StatefulSet's), exiting would rerun the
-  training, so it parks: it stays up, says why, and exits only when the pod is stopped. The first member of
-  each role records the outcome on its workload (annotations) and scales a StatefulSet to zero when the pod's
-  ServiceAccount may (outcome_api); when it may not, the log says why.
+  training, so it parks: it stays up, says why, and exits only when the pod is stopped. Only the coordinator
+  records the outcome, through the notary (ending.record_outcome), which annotates the gang's workloads, scales
+  a StatefulSet to zero and emits an Event; the pods themselves hold no Kubernetes permission.
+
+The gang's signing key comes from the notary too (identity.py, asked once at start with the pod's projected
+identity token): it stays in this process's memory, never in the training command's environment or a file.
 
 A launcher that starts asks before it runs anything: the outcome marker in TRAINHOOK_STATE_DIR (an emptyDir
-outlives container restarts), the workload's recorded outcome (rank 0, in a cluster), and the coordinator,
-which tells a member that joins late that the gang is done, or that it already finished its part. So a
-restarted container never reruns finished training.
+outlives container restarts), the notary's record (rank 0: GET /v1/outcome), and the coordinator, which tells a
+member that joins late that the gang is done, or that it already finished its part. So a restarted container
+never reruns finished training. What a member claims about the outcome is never taken as the outcome.
 
 Rank 0's launcher connects to its own coordinator over loopback, so every member takes the same path.
 """
@@ -32,11 +35,13 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from trainhook import keys
 from trainhook.launcher import gang_protocol as wire
-from trainhook.launcher import ending, outcome_api
+from trainhook.launcher import ending, identity
 from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, Report
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
@@ -147,7 +152,7 @@ class Link(threading.Thread):
                 raise ConnectionError("the coordinator closed the connection")
             if "error" in answer or not isinstance(answer.get("nonce"), str):
                 raise wire.Refused(str(answer.get("error") or "no nonce in the coordinator's greeting"))
-            channel = wire.Channel(sock, reader, self.settings.token, "member", answer["nonce"], nonce)
+            channel = wire.Channel(sock, reader, self.settings.key, "member", answer["nonce"], nonce)
             with self.lock:
                 joined = self.latest
                 channel.send({"type": "join", "rank": self.gang.rank, "report": joined})
@@ -185,8 +190,10 @@ def describe_error(error: BaseException) -> str:
 class Member:
     """One member's launcher: the event loop around its training."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: Gang, settings: Settings):
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: Gang, settings: Settings,
+                 notary: identity.Notary | None = None):
         self.argv, self.env, self.gang, self.settings = list(argv), dict(env), gang, settings
+        self.notary = notary
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.report = Report()
         self.training: Training | None = None
@@ -226,14 +233,15 @@ class Member:
         known = self.read_marker()
         if gang.rank == 0:
             known = known or self.recorded_outcome()
-            self.coordinator = Coordinator(gang, settings.policy, settings.token, settings.port)
+            self.coordinator = Coordinator(gang, settings.policy, settings.key, settings.port,
+                                           notify=self.emit_event)
             try:
                 self.coordinator.start()
             except OSError as e:
                 say(f"cannot listen on the coordinator port {settings.port}: {e.strerror or e}")
                 return EXIT_NOT_ASSEMBLED
             if known is not None:
-                self.coordinator.adopt(known, "recorded before this launcher started")
+                self.coordinator.adopt(known, "this pod's outcome marker or the notary's record")
         if known is not None:
             self.outcome = known
             self.report.status, self.report.outcome = DONE, known.to_dict()
@@ -439,24 +447,39 @@ class Member:
                 reap_exited()
 
     def record_outcome(self, outcome: Outcome) -> str:
-        """The first member of each role records the outcome on its workload (ending.record_outcome)."""
-        return ending.record_outcome(self.gang, self.settings, outcome, say)
+        """Only the coordinator records the outcome, through the notary (ending.record_outcome)."""
+        return ending.record_outcome(self.gang, self.settings, outcome, say, self.notary)
 
     def recorded_outcome(self) -> Outcome | None:
-        """The outcome recorded on this gang's workload before this launcher started (rank 0, in a cluster)."""
-        kind, name = self.settings.workload_kind, self.settings.workload_name
-        if kind not in outcome_api.KINDS or not name or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        """What the notary recorded for this gang before this launcher started (rank 0: a restarted coordinator
+        learns the outcome from the notary, never from what a member claims)."""
+        if self.notary is None:
             return None
         try:
-            with outcome_api.client(self.settings.service_account_dir) as api:
-                outcome = outcome_api.read_outcome(api, kind, name, self.gang.namespace)
-        except outcome_api.Unavailable as e:
-            say(f"could not read the outcome recorded on {kind}/{name} ({e}); asking the members instead")
+            outcome = self.notary.recorded_outcome()
+        except identity.NotaryError as e:
+            say(f"could not ask the notary for the gang's recorded outcome ({e}); going on as a new gang")
             return None
         if outcome is not None:
-            say(f"{kind}/{name} records that the gang is done ({outcome.phase}: {outcome.reason}); to run it again, "
-                f"remove the annotation: kubectl annotate {kind.lower()} {name} trainhook.dev/phase-")
+            kind, name = self.settings.workload_kind, self.settings.workload_name
+            say(f"the notary records that the gang is done ({outcome.phase}: {outcome.reason}); to run it again, "
+                f"remove the label and annotation: kubectl label {kind.lower()} {name} trainhook.dev/phase- && "
+                f"kubectl annotate {kind.lower()} {name} trainhook.dev/phase-")
         return outcome
+
+    def emit_event(self, type_: str, reason: str, message: str) -> None:
+        """Hand an Event to the notary on a thread of its own: best effort, never holding the gang up."""
+        notary = self.notary
+        if notary is None:
+            return
+
+        def send() -> None:
+            try:
+                notary.emit_event(type_, reason, message)
+            except identity.NotaryError as e:
+                say(f"the {reason} Event was not emitted: {e}")
+
+        threading.Thread(target=send, daemon=True, name="notary-event").start()
 
     # --- files: the outcome marker and the local runner's status --------------------------------------------
     def read_marker(self) -> Outcome | None:
@@ -499,10 +522,19 @@ def run_gang(argv: Sequence[str], env: Mapping[str, str]) -> int:
     """The `run` command in a gang (ConfigError for a bad environment, which the CLI prints)."""
     gang = parse_gang(env)
     settings = read_settings(env, gang)
-    if not settings.token:
-        say("TRAINHOOK_GANG_TOKEN is not set (a webhook without a gang key?): running the command without gang "
-            "coordination")
+    try:
+        notary = identity.from_settings(settings)
+    except identity.NotaryError as e:
+        raise ConfigError(str(e)) from None
+    if notary is None:
+        say(f"{keys.TH_NOTARY} is not set (a webhook without a notary?): running the command without gang "
+            f"coordination")
         return run_command(argv, env)
     if not argv:
         raise ConfigError("run needs a command: trainhook-launch run -- CMD [ARGS ...]")
-    return Member(argv, env, gang, settings).run()
+    try:
+        key = notary.gang_key(gang.namespace, gang.job_name, settings.policy.join_timeout, say)
+    except identity.NotaryError as e:
+        say(f"cannot join the gang: {e}")
+        return EXIT_NOT_ASSEMBLED
+    return Member(argv, env, gang, replace(settings, key=key), notary).run()

@@ -24,7 +24,11 @@ TH_WORKLOAD, TH_RESTART_POLICY, TH_COORDINATOR_PORT = keys.TH_WORKLOAD, keys.TH_
 TH_STATE_DIR = "TRAINHOOK_STATE_DIR"  # a directory that outlives the container (an emptyDir): the outcome marker
 TH_FINISH_GRACE = "TRAINHOOK_FINISH_GRACE"  # seconds members still running get after rank 0 succeeded
 TH_STOP_GRACE = "TRAINHOOK_STOP_GRACE"  # seconds between SIGTERM and SIGKILL when a member's training is stopped
-TH_SERVICE_ACCOUNT_DIR = "TRAINHOOK_SERVICE_ACCOUNT_DIR"  # where the pod's token, ca.crt and namespace are
+TH_SERVICE_ACCOUNT_DIR = "TRAINHOOK_SERVICE_ACCOUNT_DIR"  # the pod's API token, for the MPI kubexec transport only
+# Where the pod's identity token for the notary is (default: the file of the projected volume the webhook
+# injects, keys.IDENTITY_DIR/token), for tests and images that mount it elsewhere.
+TH_IDENTITY_TOKEN = "TRAINHOOK_IDENTITY_TOKEN"
+IDENTITY_TOKEN_FILE = keys.IDENTITY_DIR + "/token"
 # Set by `trainhook local` on the training container: the file the launcher keeps its state in, for the runner.
 TH_LOCAL_STATUS = "TRAINHOOK_LOCAL_STATUS"
 
@@ -72,7 +76,9 @@ class Settings:
     """Everything one launcher needs beyond its gang: the policy, ports, graces, and where it runs."""
 
     policy: Policy
-    token: bytes
+    # The gang's signing key (gang_protocol), from the notary (identity.py): never from the environment, so
+    # read_settings leaves it empty and the launcher fills it in once the notary has answered.
+    key: bytes
     port: int
     finish_grace: float
     stop_grace: float
@@ -81,7 +87,11 @@ class Settings:
     workload_name: str
     state_dir: str
     local_status: str
-    service_account_dir: str
+    # The notary the webhook named (TRAINHOOK_NOTARY, TRAINHOOK_NOTARY_CA; "" when none): where the key comes
+    # from and where the coordinator records the outcome.
+    notary_url: str = ""
+    notary_ca: str = ""
+    identity_token: str = IDENTITY_TOKEN_FILE
 
     @property
     def parks(self) -> bool:
@@ -129,11 +139,12 @@ def read_settings(env: Mapping[str, str], gang: Gang) -> Settings:
     if problems:
         raise ConfigError(problems)
     policy = Policy(on_failure, max_restarts, deadline or None, gang.wait_timeout or 600.0)
-    return Settings(policy=policy, token=env.get(keys.TH_GANG_TOKEN, "").strip().encode(), port=port,
+    return Settings(policy=policy, key=b"", port=port,
                     finish_grace=finish, stop_grace=stop, restart_policy=restart, workload_kind=kind,
                     workload_name=name, state_dir=env.get(TH_STATE_DIR, "").strip(),
                     local_status=env.get(TH_LOCAL_STATUS, "").strip(),
-                    service_account_dir=env.get(TH_SERVICE_ACCOUNT_DIR, "").strip() or SERVICE_ACCOUNT_DIR)
+                    notary_url=env.get(keys.TH_NOTARY, "").strip(), notary_ca=env.get(keys.TH_NOTARY_CA, ""),
+                    identity_token=env.get(TH_IDENTITY_TOKEN, "").strip() or IDENTITY_TOKEN_FILE)
 
 
 @dataclass(frozen=True)

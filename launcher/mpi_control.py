@@ -72,7 +72,22 @@ def control_port(gang: Gang) -> int:
 
 
 def gang_token(env: Mapping[str, str]) -> bytes:
-    return env.get(keys.TH_GANG_TOKEN, "").strip().encode()
+    """The gang's key. Every in-pod user of the key calls this one function (once per process: keep the result in
+    memory, never in a file or a child's environment). It comes from the notary (identity.py), asked with this
+    pod's identity token until the gang wait's timeout; b"" when the webhook named no notary or none answered
+    (said on stderr: the peers then refuse this pod, naming the key)."""
+    from trainhook.launcher import identity  # here, not at the top: this function is identity's one MPI caller
+    try:
+        notary = identity.from_env(env)
+        if notary is None:
+            identity.say(f"{keys.TH_NOTARY} is not set: this pod has no gang key (a webhook without a notary?)")
+            return b""
+        text = env.get(keys.TH_WAIT_TIMEOUT, "").strip()
+        timeout = float(text) if text.replace(".", "", 1).isdigit() else 600.0
+        return notary.gang_key(env.get(keys.TH_NAMESPACE, ""), env.get(keys.TH_JOB_NAME, ""), timeout)
+    except identity.NotaryError as e:
+        identity.say(f"no gang key: {e}")
+        return b""
 
 
 def proof(token: bytes, role: str, challenge: str) -> str:

@@ -13,6 +13,11 @@ the delivered copy and not wrapped again. A training container without `command`
 ENTRYPOINT, which admission cannot know without a registry call: it is refused unless the annotation
 keys.ENTRYPOINT gives it (an MPI worker has nothing of its own to run, so it needs neither). `keys.LAUNCHER:
 none` opts the gang out of all of this.
+
+The delivered launcher also gets the pod's identity for the notary (docs/security.md), and only it: a
+projected ServiceAccount token of audience keys.IDENTITY_AUDIENCE in the volume keys.IDENTITY_VOLUME, mounted
+read-only at keys.IDENTITY_DIR in the training container, and the notary's URL and CA bundle in its environment
+(`identity_env`). The kubelet writes and refreshes the token; nothing secret is in the pod spec.
 """
 
 from __future__ import annotations
@@ -146,6 +151,57 @@ def user_volume_clash(spec: dict, container: dict, problems: Problems) -> bool:
                          f"with {keys.LAUNCHER}: none")
             return True
     return False
+
+
+IDENTITY_TOKEN_PATH = "token"
+IDENTITY_EXPIRATION_SECONDS = 3600  # the kubelet refreshes the token at 80% of this; the launcher re-reads it
+IDENTITY_SOURCE = {"serviceAccountToken": {"audience": keys.IDENTITY_AUDIENCE,
+                                           "expirationSeconds": IDENTITY_EXPIRATION_SECONDS,
+                                           "path": IDENTITY_TOKEN_PATH}}
+IDENTITY_MOUNT = {"name": keys.IDENTITY_VOLUME, "mountPath": keys.IDENTITY_DIR, "readOnly": True}
+
+
+def is_identity_volume(volume: dict) -> bool:
+    """Whether a volume of our name is the one we inject (the API server may have defaulted `defaultMode`)."""
+    return (volume.get("projected") or {}).get("sources") == [IDENTITY_SOURCE]
+
+
+def identity_clash(spec: dict, container: dict, problems: Problems) -> bool:
+    """A user's own volume under the identity volume's name, or the training container's own mount at its
+    path, would hide or replace the token the launcher presents to the notary: say so (nothing is overwritten)."""
+    for volume in spec.get("volumes") or []:
+        if volume.get("name") == keys.IDENTITY_VOLUME and not is_identity_volume(volume):
+            problems.add("spec.volumes", keys.IDENTITY_VOLUME, "the name of the volume trainhook mounts the pod's "
+                         "identity token from (for the notary)", f"rename your volume, or opt out with "
+                         f"{keys.LAUNCHER}: none")
+            return True
+    for mount in container.get("volumeMounts") or []:
+        if mount.get("mountPath", "").rstrip("/") == keys.IDENTITY_DIR and mount.get("name") != keys.IDENTITY_VOLUME:
+            problems.add(f"spec.containers[{container.get('name', '')}].volumeMounts", keys.IDENTITY_DIR,
+                         "the path trainhook mounts the pod's identity token at (for the notary)",
+                         f"mount your volume elsewhere, or opt out with {keys.LAUNCHER}: none")
+            return True
+    return False
+
+
+def give_identity(spec: dict, container: dict, problems: Problems) -> bool:
+    """Add the identity volume and its read-only mount in the training container, each only where it is not
+    there yet (so a second admission changes nothing). False, with the problem added, on a clash."""
+    if ("volumes" in spec or "volumeMounts" in container) and identity_clash(spec, container, problems):
+        return False
+    volumes = spec.get("volumes") or []
+    if not any(v.get("name") == keys.IDENTITY_VOLUME for v in volumes):
+        spec["volumes"] = volumes + [{"name": keys.IDENTITY_VOLUME, "projected": {"sources": [
+            {"serviceAccountToken": dict(IDENTITY_SOURCE["serviceAccountToken"])}]}}]
+    mounts = container.get("volumeMounts") or []
+    if not any(m.get("name") == keys.IDENTITY_VOLUME for m in mounts):
+        container["volumeMounts"] = mounts + [dict(IDENTITY_MOUNT)]
+    return True
+
+
+def identity_env(notary_url: str, notary_ca: str) -> list[tuple[str, str]]:
+    """Where the launcher finds the notary: its URL and the CA bundle that verifies it (public, not secret)."""
+    return [(keys.TH_NOTARY, notary_url), (keys.TH_NOTARY_CA, notary_ca)]
 
 
 def resolve_other_containers(spec: dict, training: dict) -> None:

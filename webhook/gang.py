@@ -6,10 +6,8 @@ refusal lists every problem of the object in one answer (a user fixes them all i
 
 from __future__ import annotations
 
-import hmac
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from trainhook import keys
 # Shape's one copy is the launcher's (it runs on an image's Python, without the webhook); used and re-exported here.
@@ -135,15 +133,3 @@ class Member:
     def option(self, key: str, default: str = "") -> str:
         return self.options.get(key, default)
 
-
-def gang_token(key: bytes, namespace: str, job_name: str) -> str:
-    """The gang's shared secret: deterministic (every replica of the webhook and every re-admission agrees)
-    and different for every namespace and job, so one gang's token says nothing about another's."""
-    return _hmac_hex(key, f"{namespace}/{job_name}")
-
-
-@lru_cache(maxsize=4096)
-def _hmac_hex(key: bytes, message: str) -> str:
-    """Memoized on the exact message (a gang's pods are admitted one after another, and the HMAC was 3% of
-    the server's time per review); keyed by the text, so values that hash alike (1, True) cannot collide."""
-    return hmac.digest(key, message.encode(), "sha256").hex()

@@ -1,4 +1,5 @@
-"""Pod mutation: find the pod's place in its gang and inject the environment, tolerations and the gang wait.
+"""Pod mutation: find the pod's place in its gang and inject the environment, tolerations and the gang wait,
+and, with the delivered launcher, the pod's identity for the notary (delivery.give_identity).
 
 Everything the webhook needs is on the pod itself (labels and annotations stamped on the template, the name
 or completion index the controllers set), so admission makes no API call.
@@ -10,14 +11,14 @@ import re
 from typing import Any
 
 from trainhook import keys
-from trainhook.webhook.delivery import deliver_launcher, delivered_by_configmap
+from trainhook.webhook.delivery import deliver_launcher, delivered_by_configmap, give_identity, identity_env
 from trainhook.webhook.frameworks import framework_env, framework_pod_hook
 from trainhook.webhook.frameworks.pytorch import elastic_shape, parse_elastic
-from trainhook.webhook.gang import DNS_LABEL, Member, Problems, gang_token, parse_shape
+from trainhook.webhook.gang import DNS_LABEL, Member, Problems, parse_shape
 from trainhook.webhook.jsondiff import json_copy
 from trainhook.webhook.lifecycle import check_lifecycle_options, lifecycle_env
 from trainhook.webhook.scheduling import set_gang_scheduling
-from trainhook.webhook.settings import Settings
+from trainhook.webhook.settings import Settings, notary_ca_pem
 
 ORDINAL = re.compile(r"^(.+)-(\d+)$")
 GPU_TOLERATION = {"key": keys.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
@@ -179,8 +180,7 @@ def gang_env(member: Member, settings: Settings) -> list[tuple[str, str]]:
         (keys.TH_GANG_WAIT, member.option(keys.GANG_WAIT, "dns")),
         (keys.TH_GANG_WAIT_PORT, str(keys.GANG_WAIT_PORT)),
         (keys.TH_WAIT_TIMEOUT, str(settings.wait_timeout)),
-    ] + elastic_gang_env(member) + ([(keys.TH_GANG_TOKEN, gang_token(settings.gang_key, member.namespace, member.job_name))]
-         if settings.gang_key else [])
+    ] + elastic_gang_env(member)
 
 
 def set_env(container: dict, injected: list[tuple[str, str]], warnings: list[str]) -> None:
@@ -304,10 +304,13 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     injected = (framework_env(member, gpus, problems) + gang
                 + lifecycle_env(member, workload, spec.get("restartPolicy", "Always")))
     set_address(pod, member, problems)
-    set_env(container, injected, warnings)
     framework_pod_hook(member, spec, container, problems)
     configmap = settings.launcher_configmap if namespace in settings.launcher_namespaces else None
     delivered = deliver_launcher(spec, container, member, annotations, problems, configmap)
+    if delivered and settings.notary_url and give_identity(spec, container, problems):
+        # Only a delivered launcher talks to the notary (docs/security.md); no key is ever in the spec.
+        injected += identity_env(settings.notary_url, notary_ca_pem(settings))
+    set_env(container, injected, warnings)
     set_tolerations(spec, gpus, settings)
     if not (delivered and delivered_by_configmap(spec)):  # else the launcher's own barrier is the gang wait
         set_gang_wait(spec, member, gang, settings, delivered)
