@@ -15,7 +15,7 @@ from trainhook.webhook.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml"))
-SETTINGS = Settings(gang_key=b"examples")
+SETTINGS = Settings(gang_key=b"examples", notary_url="https://trainhook.trainhook.svc:8444", notary_ca="PEM")
 WORKLOADS = ("StatefulSet", "Job", "Pod", "Service")
 
 

@@ -244,13 +244,32 @@ def test_a_member_joining_after_the_outcome_is_told_it_and_never_started():
     assert drain(s) == [(2, "done")]
 
 
-def test_a_restarted_coordinator_adopts_an_outcome_a_member_reports():
+def test_a_coordinator_never_adopts_an_outcome_a_member_claims():
+    """Issue 22: a member (or whoever holds its pod) saying "the gang is already done" does not end the gang;
+    only the coordinator's own observation or the notary's record does (gang_run asks the notary first)."""
     s = state()
-    known = Outcome(SUCCEEDED, 0, "rank 0 exited 0", 0, "2025-01-01T00:00:00Z", 1, 0)
-    s.joined(1, 1, Report(attempt=1, status=DONE, outcome=known.to_dict()))
-    assert s.outcome == known and drain(s) == [(1, "done")]
-    s.joined(0, 2, Report())
-    assert drain(s) == [(0, "done")]
+    claimed = Outcome(SUCCEEDED, 0, "rank 0 exited 0", 0, "2025-01-01T00:00:00Z", 1, 0)
+    s.joined(1, 2, Report(attempt=1, status=DONE, outcome=claimed.to_dict()))
+    s.reported(1, 2, Report(attempt=1, status=DONE, outcome=claimed.to_dict()))
+    assert s.outcome is None and (1, "done") not in drain(s)
+    assert sum("reports that the gang is done (Succeeded): not adopted" in line for line in s.log) == 1
+    s.joined(0, 1, Report())
+    s.joined(2, 3, Report())
+    assert s.phase == "running" and s.attempt == 1  # the gang runs its own course
+    report(s, 0, EXITED, 0)
+    assert s.outcome.reason == "rank 0 (worker-0 at 127.0.0.1) exited 0"
+    # What the notary recorded is adopted (gang_run's GET /v1/outcome, before the coordinator serves).
+    t = state()
+    t.adopt(claimed, "the notary's record")
+    assert t.outcome == claimed
+
+
+def test_a_gang_restart_is_handed_to_the_notary_as_an_event():
+    s = state(on_failure=RESTART_GANG)
+    assemble(s)
+    report(s, 1, EXITED, 137)
+    assert [(kind, reason) for kind, reason, _ in s.events] == [("Warning", "GangRestarted")]
+    assert "exited with 137" in s.events[0][2] and "restart 1 of 3" in s.events[0][2]
 
 
 def test_a_restarted_coordinator_treats_a_running_attempt_as_rank_0_lost():
@@ -288,7 +307,7 @@ def test_members_that_never_join_fail_the_gang_by_name():
 def env(**more: str) -> dict[str, str]:
     base = {"TRAINHOOK_FRAMEWORK": "pytorch", "TRAINHOOK_JOB_NAME": "g", "TRAINHOOK_NAMESPACE": "ns",
             "TRAINHOOK_ROLE": "worker", "TRAINHOOK_INDEX": "1", "TRAINHOOK_REPLICAS": "worker=2",
-            "TRAINHOOK_HOSTS": "worker=g", "TRAINHOOK_SUBDOMAIN": "g", "TRAINHOOK_GANG_TOKEN": "t"}
+            "TRAINHOOK_HOSTS": "worker=g", "TRAINHOOK_SUBDOMAIN": "g"}
     return {**base, **more}
 
 
@@ -297,7 +316,8 @@ def test_settings_default_to_fail_gang_and_a_parking_statefulset():
     assert settings.policy == Policy(FAIL_GANG, 3, None, 600.0)
     assert (settings.workload_kind, settings.workload_name, settings.restart_policy, settings.parks) == (
         "StatefulSet", "g", "Always", True)
-    assert settings.port == 29497 and settings.token == b"t"
+    assert settings.port == 29497 and settings.key == b""  # the key never comes from the environment
+    assert (settings.notary_url, settings.identity_token) == ("", "/var/run/secrets/trainhook.dev/identity/token")
 
 
 def test_an_indexed_jobs_pods_exit_instead_of_parking():
@@ -366,7 +386,7 @@ def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
     links = []
     try:
         settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
-        settings = type(settings)(**{**settings.__dict__, "token": TOKEN})
+        settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
         for rank in (0, 1):
             events: queue.SimpleQueue = queue.SimpleQueue()
             link = Link(gang(2, rank), settings, events, Report())
@@ -375,7 +395,7 @@ def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
         for _, events in links:
             assert next_directive(events, "start")["attempt"] == 1
         # An outsider with another token claims that rank 0 finished: refused, nothing changes.
-        outsider = settings.__class__(**{**settings.__dict__, "token": b"x" * 64})
+        outsider = settings.__class__(**{**settings.__dict__, "key": b"x" * 64})
         events = queue.SimpleQueue()
         intruder = Link(gang(2, 0), outsider, events, Report(attempt=1, status=EXITED, code=0))
         intruder.start()
@@ -396,13 +416,13 @@ def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
         coordinator.close()
 
 
-def test_run_outside_a_gang_and_without_a_token_runs_the_command_alone():
+def test_run_in_a_gang_without_a_notary_runs_the_command_alone():
     command = [sys.executable, "-m", "trainhook.launcher.cli", "run", "--", sys.executable, "-c",
                "raise SystemExit(7)"]
-    e = {k: v for k, v in env().items() if k != "TRAINHOOK_GANG_TOKEN"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=30, env={**e, "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                            env={**env(), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 7
-    assert "TRAINHOOK_GANG_TOKEN is not set" in result.stderr
+    assert "TRAINHOOK_NOTARY is not set" in result.stderr
 
 
 def test_a_bad_lifecycle_variable_is_a_usage_error():

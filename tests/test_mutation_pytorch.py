@@ -180,29 +180,58 @@ def test_mutating_twice_equals_mutating_once(kind, obj):
     assert twice.warnings == once.warnings or not once.warnings
 
 
-def test_the_gang_token_is_an_hmac_of_namespace_and_job_under_the_webhooks_key():
-    import hashlib
-    import hmac
-    keyed = Settings(gang_key=b"only-the-webhook-knows")
-    pod = mutate("Pod", "CREATE", pod_of_statefulset(STS_STAMPED, 1), "team-a", keyed).obj
-    expected = hmac.new(b"only-the-webhook-knows", b"team-a/ddp", hashlib.sha256).hexdigest()
-    for container in (pod["spec"]["containers"][0], pod["spec"]["initContainers"][0]):
-        assert {"name": "TRAINHOOK_GANG_TOKEN", "value": expected} in container["env"]
-    other_namespace = mutate("Pod", "CREATE", pod_of_statefulset(STS_STAMPED, 1), "team-b", keyed).obj
-    assert {"name": "TRAINHOOK_GANG_TOKEN", "value": expected} not in other_namespace["spec"]["containers"][0]["env"]
-    assert mutate("Pod", "CREATE", pod, "team-a", keyed).obj == pod
+NOTARY = Settings(gang_key=b"only-the-webhook-knows", notary_url="https://trainhook.trainhook.svc:8444",
+                  notary_ca="-----BEGIN CERTIFICATE-----\nnot a secret\n-----END CERTIFICATE-----\n")
+IDENTITY_VOLUME = {"name": "trainhook-identity", "projected": {"sources": [{"serviceAccountToken": {
+    "audience": "trainhook", "expirationSeconds": 3600, "path": "token"}}]}}
+IDENTITY_MOUNT = {"name": "trainhook-identity", "mountPath": "/var/run/secrets/trainhook.dev/identity",
+                  "readOnly": True}
 
 
-def test_the_gang_token_depends_on_the_exact_text_of_the_job_name():
-    """A manifest's unquoted `job-name: 1` or `true` reaches `trainhook local` as a number or a boolean: the
-    memoized token must still be the HMAC of the text, and an unhashable value must not break admission."""
+def test_a_delivered_launcher_gets_the_pods_identity_token_and_the_notary_but_no_key():
+    pod = mutate("Pod", "CREATE", pod_of_statefulset(STS_STAMPED, 1), "team-a", NOTARY).obj
+    spec = pod["spec"]
+    training, init = spec["containers"][0], spec["initContainers"][0]
+    assert IDENTITY_VOLUME in spec["volumes"]
+    assert IDENTITY_MOUNT in training["volumeMounts"]
+    assert all(m["name"] != "trainhook-identity" for m in init.get("volumeMounts") or [])  # the launcher's only
+    env_of = {e["name"]: e.get("value") for e in training["env"]}
+    assert env_of["TRAINHOOK_NOTARY"] == "https://trainhook.trainhook.svc:8444"
+    assert env_of["TRAINHOOK_NOTARY_CA"] == NOTARY.notary_ca
+    text = repr(pod)
+    assert "TRAINHOOK_GANG_TOKEN" not in text
     import hashlib
     import hmac
-    from trainhook.webhook.gang import gang_token
-    key = b"only-the-webhook-knows"
-    for name, text in ((True, "True"), (1, "1"), (1.0, "1.0"), (["a"], "['a']")):
-        assert gang_token(key, "team-a", name) == hmac.new(key, f"team-a/{text}".encode(),
-                                                           hashlib.sha256).hexdigest()
+    for message in (b"team-a/ddp", b"team-a/ddp/"):  # neither the old token nor anything keyed like it
+        assert hmac.new(NOTARY.gang_key, message, hashlib.sha256).hexdigest() not in text
+    assert "only-the-webhook-knows" not in text
+    assert mutate("Pod", "CREATE", pod, "team-a", NOTARY).obj == pod  # idempotent
+
+
+def test_a_gang_without_the_delivered_launcher_gets_no_identity():
+    opted_out = pod_of_statefulset(with_annotation(STS_STAMPED, "trainhook.dev/launcher", "none"), 1)
+    pod = mutate("Pod", "CREATE", opted_out, "team-a", NOTARY).obj
+    assert "trainhook-identity" not in repr(pod) and "TRAINHOOK_NOTARY" not in repr(pod)
+    # A webhook that runs no notary injects none of it either.
+    plain = mutate("Pod", "CREATE", pod_of_statefulset(STS_STAMPED, 1), "team-a", SETTINGS).obj
+    assert "trainhook-identity" not in repr(plain) and "TRAINHOOK_NOTARY" not in repr(plain)
+
+
+@pytest.mark.parametrize("volume, mount, named", [
+    ({"name": "trainhook-identity", "emptyDir": {}}, None, "spec.volumes"),
+    ({"name": "mine", "emptyDir": {}}, {"name": "mine", "mountPath": "/var/run/secrets/trainhook.dev/identity/"},
+     "volumeMounts"),
+])
+def test_a_users_volume_or_mount_in_the_identitys_place_is_refused_not_overwritten(volume, mount, named):
+    pod = pod_of_statefulset(STS_STAMPED, 1)
+    pod["spec"]["volumes"] = [volume]
+    if mount:
+        pod["spec"]["containers"][0]["volumeMounts"] = [mount]
+    from trainhook.webhook.gang import Denied
+    with pytest.raises(Denied) as denied:
+        mutate("Pod", "CREATE", pod, "team-a", NOTARY)
+    message = str(denied.value)
+    assert named in message and "identity token" in message
 
 
 def test_lifecycle_annotations_reach_the_launcher_as_variables():

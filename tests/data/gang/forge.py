@@ -1,18 +1,23 @@
-"""An outsider's attempts to end or restart a gang it does not belong to, for the gang lifecycle tests.
+"""A forger's attempts to join, end or restart a running gang it does not belong to (issue 22).
 
-It runs in a pod of another job (and namespace), so the webhook gave it that job's TRAINHOOK_GANG_TOKEN, and
-speaks the launchers' protocol to the victim's coordinator (rank 0's launcher):
-  - a forged failure: "rank 1 exited with 3", signed with its own gang's token;
-  - a forged completion: "rank 0 exited 0", signed with its own gang's token;
-  - the same failure signed with a random token;
-  - a greeting under its own identity (another gang).
-Every one must be refused. It prints one line per attempt: `REFUSED <what>: <the coordinator's answer>`, or
-`ACCEPTED <what>` (then it exits 1).
+It runs in a pod that carries the victim gang's labels (`trainhook.dev/job-name: <victim>`) but is not owned by
+the gang's workload, and holds everything anyone with the `view` role can read from the gang's pod specs: the
+notary's URL and CA bundle, the namespace and job name, rank 0's address. It also has a projected identity token
+of its own (audience `trainhook`: anyone who can create a pod can mount one). It tries:
+  - to get the gang's key from the notary with its own token, and with no token at all;
+  - to record "Succeeded" for the gang at the notary;
+  - to join the victim's coordinator (rank 0's launcher) and report "rank 0 exited 0", signed with every key it
+    could derive from what it read (the old spec-readable token scheme, and a random key).
+Every one must be refused. It prints one line per attempt: `REFUSED <what>: <the answer>`, or `ACCEPTED <what>`
+(then it exits 1).
 
-  FORGE_TARGET     the victim coordinator's address (host; the port is 29497)
+  FORGE_TARGET     the victim coordinator's address (host; FORGE_PORT, default 29497)
   FORGE_NAMESPACE  the victim's namespace;  FORGE_JOB  the victim's job name
+  TRAINHOOK_NOTARY, TRAINHOOK_NOTARY_CA   the notary, as the victim's pod spec names it
+  TRAINHOOK_IDENTITY_TOKEN                this pod's own identity token file (default: the projected path)
 """
 
+import hashlib
 import os
 import secrets
 import socket
@@ -20,11 +25,11 @@ import sys
 import time
 
 from trainhook.launcher import gang_protocol as wire
+from trainhook.launcher import identity
+from trainhook.launcher.lifecycle import Outcome, now_rfc3339
 
 TARGET, PORT = os.environ["FORGE_TARGET"], int(os.environ.get("FORGE_PORT", "29497"))
 NAMESPACE, JOB = os.environ["FORGE_NAMESPACE"], os.environ["FORGE_JOB"]
-OWN_TOKEN = os.environ["TRAINHOOK_GANG_TOKEN"].encode()
-OWN_NAMESPACE, OWN_JOB = os.environ["TRAINHOOK_NAMESPACE"], os.environ["TRAINHOOK_JOB_NAME"]
 
 
 def connect() -> socket.socket:
@@ -38,18 +43,18 @@ def connect() -> socket.socket:
             time.sleep(0.2)
 
 
-def attempt(what: str, token: bytes, rank: int, report: dict, namespace: str = NAMESPACE, job: str = JOB) -> bool:
+def join(what: str, key: bytes, rank: int, report: dict) -> bool:
     """True when the coordinator refused."""
     with connect() as sock:
         sock.settimeout(10)
         nonce = wire.new_nonce()
-        wire.send_plain(sock, wire.member_greeting(namespace, job, rank, nonce))
+        wire.send_plain(sock, wire.member_greeting(NAMESPACE, JOB, rank, nonce))
         reader = wire.LineReader(sock)
         answer = reader.read()
         if answer is None or "error" in answer:
             print(f"REFUSED {what}: {answer and answer.get('error')}", flush=True)
             return True
-        channel = wire.Channel(sock, reader, token, "member", answer["nonce"], nonce)
+        channel = wire.Channel(sock, reader, key, "member", answer["nonce"], nonce)
         channel.send({"type": "join", "rank": rank, "report": report})
         try:
             reply = reader.read()
@@ -62,14 +67,31 @@ def attempt(what: str, token: bytes, rank: int, report: dict, namespace: str = N
         return False
 
 
+def ask(what: str, call) -> bool:
+    """True when the notary refused."""
+    try:
+        answer = call()
+    except identity.NotaryError as e:
+        print(f"REFUSED {what}: {e}", flush=True)
+        return e.status in (401, 403)
+    print(f"ACCEPTED {what}: {answer}", flush=True)
+    return False
+
+
 def main() -> int:
-    failure = {"attempt": 1, "status": "exited", "code": 3, "restarts": 0, "since": None, "outcome": None}
+    notary = identity.from_env(os.environ)
+    assert notary is not None, "TRAINHOOK_NOTARY is not set"
+    anonymous = identity.Notary(notary.url, os.environ["TRAINHOOK_NOTARY_CA"], "/dev/null")
+    success = Outcome("Succeeded", 0, "rank 0 exited 0 (forged)", 0, now_rfc3339(), 1)
     completion = {"attempt": 1, "status": "exited", "code": 0, "restarts": 0, "since": None, "outcome": None}
+    claim = dict(completion, status="done", outcome=success.to_dict())
+    spec_token = hashlib.sha256(f"{NAMESPACE}/{JOB}".encode()).hexdigest().encode()
     results = [
-        attempt("failure of rank 1 signed with another job's token", OWN_TOKEN, 1, failure),
-        attempt("completion of rank 0 signed with another job's token", OWN_TOKEN, 0, completion),
-        attempt("failure of rank 1 signed with a random token", secrets.token_hex(32).encode(), 1, failure),
-        attempt(f"greeting as {OWN_NAMESPACE}/{OWN_JOB}", OWN_TOKEN, 1, failure, OWN_NAMESPACE, OWN_JOB),
+        ask("the gang's key for this pod's own identity token", notary.credential),
+        ask("the gang's key without a token", anonymous.credential),
+        ask("recording Succeeded for the gang", lambda: notary.record_outcome(success)),
+        join("completion of rank 0 signed with a key derived from the pod spec", spec_token, 0, completion),
+        join("'the gang is done' from rank 1 signed with a random key", secrets.token_hex(32).encode(), 1, claim),
     ]
     return 0 if all(results) else 1
 
