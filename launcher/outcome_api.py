@@ -1,12 +1,11 @@
-"""The launcher's only Kubernetes API calls: read and record the gang's outcome on its workload, and scale a
-StatefulSet gang to zero once it is done (so no pod reruns finished training and no GPU stays held).
+"""Read and record a gang's outcome on its workload with a Kubernetes client (kube_api), and scale a StatefulSet
+gang to zero: what the launcher did itself before issue 22.
 
-Thin on purpose: every decision is made elsewhere (gang_run, ending); this module turns one into API calls with
-the pod's own ServiceAccount (kube_api: the standard library only, as everything the pod runs) and turns every
-refusal into one line that says why. What
-the calls need is the chart's training ClusterRole: `get`/`patch` on statefulsets and `patch` on
-statefulsets/scale (and `get`/`patch` on jobs to record a Job gang's outcome).
-"""
+The launcher no longer calls this: the pods hold no Kubernetes permission, and the coordinator records through
+the notary (identity.py; docs/security.md). It stays for the cluster tests that write an outcome as a recorder
+would (tests/launcher_outcomes.py, test_kube_api_cluster.py) until they move to the notary's record; the calls
+need `get`/`patch` on statefulsets (and `patch` on statefulsets/scale, jobs), which the chart no longer grants
+to training pods."""
 
 from __future__ import annotations
 
