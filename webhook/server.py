@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainhook.webhook import launcher_configmap
+from trainhook.webhook.connections import BUDGET, RUNNER_ARGS, guard_app, serve_app
 from trainhook.webhook.observability import Metrics, configure_logging
 from trainhook.webhook.review import BadReview, json_bytes, review
 from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client, service_hostnames
@@ -95,20 +96,26 @@ async def answer_review(request: web.Request) -> web.Response:
     metrics, started = request.app[METRICS], time.perf_counter()
     if request.content.is_eof():  # the whole body came with the headers (a pod review does): no wait, no timer
         raw = await request.read()
-    else:
+    else:  # held in memory while it trickles in: within the budget all connections share (connections.py)
+        budget, size = request.app[BUDGET], min(request.content_length or MAX_BODY, MAX_BODY)
+        if not budget.take(size):
+            return web.json_response({"error": "too many request bodies in flight; retry"}, status=503)
         try:
             async with asyncio.timeout(BODY_DEADLINE):
                 raw = await request.read()
         except TimeoutError:
             return bad_request(metrics, f"the body did not arrive within {BODY_DEADLINE:.0f} s")
+        finally:
+            budget.give(size)
     try:
         body = json.loads(raw)
+        reviewed = review(body, request.app[SETTINGS].settings, request.app.get(WORKLOADS))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return bad_request(metrics, f"the body is not JSON: {e}")
-    try:
-        reviewed = review(body, request.app[SETTINGS].settings, request.app.get(WORKLOADS))
     except BadReview as e:
         return bad_request(metrics, str(e))
+    except RecursionError:  # json.loads or the walks over the object (jsondiff): no Kubernetes object nests so
+        return bad_request(metrics, "the body nests arrays or objects too deeply for an AdmissionReview")
     metrics.admitted(reviewed.kind, reviewed.outcome)
     for reason in reviewed.reasons:
         metrics.refusals.labels(reason).inc()
@@ -140,6 +147,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = CurrentSettings(settings)
     app[METRICS] = Metrics()
     app[LIFECYCLE] = Lifecycle()
+    guard_app(app)  # connection cap, head deadline, body budget
     app.router.add_post("/mutate", mutate_handler)
     app.router.add_get("/healthz", health_handler)
     app.router.add_get("/readyz", ready_handler)
@@ -381,9 +389,9 @@ async def serve(app: web.Application, host: str, port: int, context: ssl.SSLCont
                 drain_timeout: float = BODY_DEADLINE + 5) -> None:
     """Serve until SIGTERM/SIGINT, then drain: /readyz turns 503 (so the Service stops routing here), reviews
     keep being answered until none is in flight (or the deadline passes), and only then the server stops."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, **RUNNER_ARGS)
     await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=context).start()
+    accepting, listener = serve_app(runner, host, port, context)
     log.info("serving", extra={"host": host, "port": port})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -396,6 +404,8 @@ async def serve(app: web.Application, host: str, port: int, context: ssl.SSLCont
     deadline = loop.time() + drain_timeout
     while lifecycle.in_flight and loop.time() < deadline:
         await asyncio.sleep(0.05)
+    accepting.cancel()
+    listener.close()
     await runner.cleanup()
     log.info("stopped", extra={"in_flight": lifecycle.in_flight})
 

@@ -1,0 +1,289 @@
+"""The listening socket and every connection on it, bounded: what stands between aiohttp and hostile clients.
+
+Why not aiohttp's TCPSite: `loop.create_server` accepts every connection at once and gives each TLS connection
+asyncio's 256 KiB read buffer before its handshake even starts, with no deadline on the handshake's first bytes
+or on a request head (aiohttp's only timer is the keep-alive one), so 1,000 clients that open a connection and
+then say nothing took the server past its memory limit (issue 23). Here the accept loop is ours:
+
+- at most MAX_CONNECTIONS open (handshaking included); one more evicts the oldest connection that has not
+  sent a complete request head yet, else the one idle longest between requests, else it is closed at once;
+- HEAD_DEADLINE from accept for the TLS handshake and the first request head together, and the same between
+  two requests on a kept-alive connection (aiohttp's keepalive_timeout, which also ends a half-sent head);
+- request heads bounded by aiohttp's limits (MAX_HEADERS fields of at most MAX_FIELD_SIZE bytes each);
+- bodies that did not come with their head are read within a byte budget shared by all connections
+  (`BodyBudget`), so trickled 4 MiB bodies cannot multiply.
+
+So memory is bounded by MAX_CONNECTIONS x (the TLS buffer + a bounded head) + BODY_BUDGET, and a real client
+(whose handshake and head take milliseconds) is never kept out by idle ones. The accept loop never ends on an
+error (out of file descriptors, a failed handshake): it logs at a bounded rate and goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+log = logging.getLogger("trainhook.webhook.connections")
+
+
+def _env_number(name: str, default: float) -> float:
+    """A limit from the environment (`TRAINHOOK_WEBHOOK_<NAME>`), for operators and tests; bad values fail loudly."""
+    text = os.environ.get(f"TRAINHOOK_WEBHOOK_{name}", "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"TRAINHOOK_WEBHOOK_{name}={text!r} is not a number; unset it for {default:g}") from None
+    if value <= 0:
+        raise ValueError(f"TRAINHOOK_WEBHOOK_{name}={text!r} must be positive; unset it for {default:g}")
+    return value
+
+
+# Seconds from accept to a complete first request head (TLS handshake included), and between two requests.
+HEAD_DEADLINE = _env_number("HEAD_DEADLINE", 5.0)
+# Open connections at most (the API server keeps a few per replica; it opens more only under a burst).
+MAX_CONNECTIONS = int(_env_number("MAX_CONNECTIONS", 128))
+# Bytes of request bodies being read at one time, over all connections (a review's body is usually in its
+# first read, with the head, and needs none of it).
+BODY_BUDGET = int(_env_number("BODY_BUDGET", 32 * 1024 * 1024))
+# Bounds on a request head (aiohttp's defaults are 128 fields of 8 KiB): an AdmissionReview POST has a handful.
+MAX_HEADERS = 32
+MAX_FIELD_SIZE = 8190
+# Refusals and evictions are logged at most once per this many seconds, with their counts since.
+LOG_INTERVAL = 10.0
+
+
+@dataclass(eq=False)
+class Connection:
+    """One accepted connection: from accept (handshaking, no transport yet) to its close."""
+
+    accepted: float
+    sock: socket.socket | None  # until the handshake ends; then the transport owns it
+    handshake: asyncio.Task | None = None
+    timer: asyncio.TimerHandle | None = None  # the head deadline
+    transport: asyncio.Transport | None = None
+    heads: int = 0  # requests whose complete head arrived
+    active: int = 0  # requests being answered now
+    idle_since: float = field(default=0.0)
+
+
+class RateLimitedLog:
+    """Counts events and logs them at most once per LOG_INTERVAL, so a flood of clients cannot flood the log."""
+
+    def __init__(self, message: str) -> None:
+        self.message, self.counts, self.last = message, {}, float("-inf")
+
+    def count(self, reason: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self.last >= LOG_INTERVAL:
+            log.warning(self.message, extra={"counts": self.counts, "seconds": LOG_INTERVAL})
+            self.counts, self.last = {}, now
+
+
+class Tracked(asyncio.Protocol):
+    """aiohttp's protocol for one connection, with the guard told when it starts and ends."""
+
+    def __init__(self, guard: ConnectionGuard, conn: Connection, inner: asyncio.Protocol) -> None:
+        self.guard, self.conn, self.inner = guard, conn, inner
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Registered before aiohttp sees the transport: its first request may be answered before the
+        # handshake's awaiter resumes.
+        self.conn.transport = transport  # type: ignore[assignment]
+        self.guard.by_transport[transport] = self.conn
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self.inner.connection_lost(exc)
+        finally:
+            self.guard.forget(self.conn)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+class ConnectionGuard:
+    """Accepts on a socket and hands each connection, TLS done, to `protocol_factory` (aiohttp's web.Server,
+    set with the TLS context by `serve_app` once the runner is set up)."""
+
+    def __init__(self, max_connections: int = MAX_CONNECTIONS, head_deadline: float = HEAD_DEADLINE) -> None:
+        self.protocol_factory: Callable[[], asyncio.Protocol] | None = None
+        self.context: ssl.SSLContext | None = None
+        self.max_connections, self.head_deadline = max_connections, head_deadline
+        self.open: dict[Connection, None] = {}  # insertion-ordered: the oldest accepted first
+        self.by_transport: dict[asyncio.BaseTransport, Connection] = {}
+        self.refusals = RateLimitedLog("connections refused or closed early")
+
+    def forget(self, conn: Connection) -> None:
+        """Stop counting `conn`, and drop every reference to it (a closed connection's buffers are freed now,
+        not when its deadline would have passed)."""
+        self.open.pop(conn, None)
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        if conn.transport is not None:
+            self.by_transport.pop(conn.transport, None)
+
+    def close(self, conn: Connection, reason: str) -> None:
+        """Close `conn` now: pending ones are aborted (nothing to flush), idle ones closed (a reply may be
+        buffered); either way it stops counting at once."""
+        self.refusals.count(reason)
+        self.forget(conn)
+        if conn.transport is None:
+            if conn.handshake is not None:
+                conn.handshake.cancel()  # asyncio closes the socket when the handshake is cancelled
+            elif conn.sock is not None:
+                conn.sock.close()
+        elif conn.heads == 0:
+            conn.transport.abort()
+        else:
+            conn.transport.close()
+
+    def _make_room(self) -> bool:
+        pending = next((c for c in self.open if c.heads == 0), None)
+        if pending is not None:
+            self.close(pending, "evicted: no request head yet")
+            return True
+        idle = [c for c in self.open if c.active == 0]
+        if idle:
+            self.close(min(idle, key=lambda c: c.idle_since), "evicted: idle")
+            return True
+        return False
+
+    async def serve(self, listener: socket.socket) -> None:
+        """The accept loop; runs until cancelled, whatever fails on the way."""
+        loop = asyncio.get_running_loop()
+        listener.setblocking(False)
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except asyncio.CancelledError:
+                raise
+            except OSError as e:  # EMFILE, ENFILE, ENOBUFS...: the next accept may work, never stop accepting
+                self.refusals.count(f"accept failed: {e.strerror or e}")
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                self.accept(loop, sock)
+            except Exception as e:  # noqa: BLE001  one connection's failure must not end the loop
+                self.refusals.count(f"cannot start a connection: {e}")
+                sock.close()
+
+    def accept(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        if len(self.open) >= self.max_connections and not self._make_room():
+            self.refusals.count("closed at once: every connection is answering a request")
+            sock.close()
+            return
+        conn = Connection(accepted=loop.time(), sock=sock)
+        self.open[conn] = None
+        conn.timer = loop.call_at(conn.accepted + self.head_deadline, self._check_head, conn)
+        conn.handshake = loop.create_task(self._handshake(loop, conn))
+
+    async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: Connection) -> None:
+        assert self.protocol_factory is not None
+        factory = self.protocol_factory
+        try:
+            await loop.connect_accepted_socket(lambda: Tracked(self, conn, factory()), conn.sock,
+                                               ssl=self.context, ssl_handshake_timeout=self.head_deadline,
+                                               ssl_shutdown_timeout=2.0)
+        except asyncio.CancelledError:
+            pass  # closed by the guard (evicted, or past its deadline)
+        except Exception as e:  # noqa: BLE001  a failed handshake ends that connection only
+            log.debug("TLS handshake failed", extra={"error": str(e)})
+        finally:
+            conn.handshake, conn.sock = None, None
+            if conn.transport is None:  # never reached aiohttp: nothing else will forget it
+                self.forget(conn)
+
+    def _check_head(self, conn: Connection) -> None:
+        if conn in self.open and conn.heads == 0:
+            self.close(conn, f"closed: no request head within {self.head_deadline:g} s")
+
+    def request_started(self, transport: asyncio.BaseTransport | None) -> Connection | None:
+        conn = self.by_transport.get(transport) if transport is not None else None
+        if conn is not None:
+            conn.heads += 1
+            conn.active += 1
+        return conn
+
+    def request_done(self, conn: Connection | None) -> None:
+        if conn is not None:
+            conn.active -= 1
+            conn.idle_since = time.monotonic()
+
+    def middleware(self):
+        """Marks a connection's request head as complete (aiohttp calls handlers once the head is parsed)."""
+        @web.middleware
+        async def track(request: web.Request, handler):
+            conn = self.request_started(request.transport)
+            try:
+                return await handler(request)
+            finally:
+                self.request_done(conn)
+        return track
+
+
+class BodyBudget:
+    """Bytes of bodies being read now, over all connections; a request that would pass the budget is answered
+    503 at once instead of holding memory (the API server retries a failed call on its next one)."""
+
+    def __init__(self, limit: int = BODY_BUDGET) -> None:
+        self.limit, self.used = limit, 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
+GUARD = web.AppKey("connection_guard", ConnectionGuard)
+BUDGET = web.AppKey("body_budget", BodyBudget)
+# What aiohttp's per-connection protocol is made with (AppRunner(**RUNNER_ARGS)).
+RUNNER_ARGS = {"keepalive_timeout": HEAD_DEADLINE, "max_headers": MAX_HEADERS, "max_field_size": MAX_FIELD_SIZE,
+               "max_line_size": MAX_FIELD_SIZE}
+
+
+def guard_app(app: web.Application) -> None:
+    """Give `app` its ConnectionGuard (whose middleware sees each request head arrive) and its BodyBudget."""
+    app[GUARD] = ConnectionGuard()
+    app[BUDGET] = BodyBudget()
+    app.middlewares.append(app[GUARD].middleware())
+
+
+def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """The listening socket (IPv4 or IPv6 from `host`), SO_REUSEADDR as aiohttp's sites set it."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family, backlog=backlog)
+
+
+def serve_app(runner: web.AppRunner, host: str, port: int, context: ssl.SSLContext) -> tuple[asyncio.Task, socket.socket]:
+    """Serve `runner` (set up) on host:port through its app's ConnectionGuard; cancel the task and close the
+    socket to stop accepting."""
+    guard = runner.app[GUARD]
+    guard.protocol_factory, guard.context = runner.server, context
+    listener = listen(host, port)
+    return asyncio.create_task(guard.serve(listener)), listener
