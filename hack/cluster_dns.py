@@ -16,6 +16,10 @@ What it answers, for zone `<domain>` (short TTL, so tests see changes within sec
   endpoint's hostname, or its dashed address when it has none).
 - ExternalName Services: a CNAME. `<a-b-c-d>.<ns>.pod.<zone>` A. PTR for service and endpoint addresses.
   `dns-version.<zone>` TXT "1.1.0".
+- Counting, for the tests and benchmarks that measure what a gang costs the cluster DNS (issue 26): every query
+  answered is counted by name. `_queries.<zone>` TXT answers the totals; `<text>._queries.<zone>` TXT the totals
+  of the names that contain `<text>` (a gang's name, a namespace), then its most asked names. These questions are
+  not counted themselves. `query_counts()` (tests/e2e/test_e2e_gang_scale.py) asks them.
 - A name that exists with no record of the type asked: NOERROR without answers (NODATA); a name that does not
   exist (no record at or below it): NXDOMAIN; both with the zone's SOA. Names outside the zone: REFUSED (no
   upstream: pods never leave this machine).
@@ -32,12 +36,14 @@ import signal
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 TTL = 5
 NOERROR, NXDOMAIN, REFUSED = 0, 3, 5
 SPEC_VERSION = "1.1.0"
+STATS_LABEL = "_queries"  # `[<text>.]_queries.<zone>` TXT: the query counts (QueryCounter)
+MAX_COUNTED_NAMES = 100_000  # beyond this many distinct names, new ones are counted under "(other)" only
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,78 @@ class Records:
         return RR(name, "A", (ip,))
 
 
+class QueryCounter:
+    """Every query the server answered, by name (lower case, no trailing dot), type and answer code.
+
+    Why: the gang wait's cost to the cluster DNS is what issue 26 is about (every pod resolving every peer was
+    O(N^2) queries); a test on the node asks these counts before and after a gang forms. Thread-safe: dnslib
+    answers each query on its own thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_name: Counter = Counter()
+        self.nxdomain: Counter = Counter()
+        self.tcp: Counter = Counter()
+
+    def count(self, name: str, rcode: int, tcp: bool = False) -> None:
+        name = name.lower().rstrip(".")
+        with self._lock:
+            if name not in self.by_name and len(self.by_name) >= MAX_COUNTED_NAMES:
+                name = "(other)"
+            self.by_name[name] += 1
+            if rcode == NXDOMAIN:
+                self.nxdomain[name] += 1
+            if tcp:
+                self.tcp[name] += 1
+
+    def totals(self, containing: str = "", top: int = 10) -> tuple[dict, list[tuple[str, int]]]:
+        """The totals over the names that contain `containing` (every name for ""), and its `top` names."""
+        containing = containing.lower()
+        with self._lock:
+            names = [n for n in self.by_name if containing in n]
+            totals = {"queries": sum(self.by_name[n] for n in names), "names": len(names),
+                      "nxdomain": sum(self.nxdomain[n] for n in names), "tcp": sum(self.tcp[n] for n in names)}
+            most = sorted(((n, self.by_name[n]) for n in names), key=lambda item: (-item[1], item[0]))[:top]
+        return totals, most
+
+    def stats_question(self, qname: str, domain: str) -> str | None:
+        """`containing` for a stats question (`[<text>.]_queries.<zone>`); None for any other name."""
+        name = qname.lower().rstrip(".")
+        suffix = f"{STATS_LABEL}.{domain}"
+        if name == suffix:
+            return ""
+        if name.endswith("." + suffix):
+            return name[: -len(suffix) - 1]
+        return None
+
+    def stats_texts(self, containing: str) -> list[str]:
+        """The TXT strings of a stats answer: `queries=Q names=K nxdomain=X tcp=T`, then `name=count` of the most
+        asked names (each string at most 255 bytes, as TXT allows)."""
+        totals, most = self.totals(containing)
+        head = " ".join(f"{key}={value}" for key, value in totals.items())
+        return [head] + [f"{name}={count}"[:255] for name, count in most]
+
+
+def parse_stats(texts: list[str]) -> dict:
+    """A stats answer's strings back into {"queries": Q, ..., "top": {name: count}} (the tests' side)."""
+    head, *most = texts
+    stats: dict = {key: int(value) for key, value in (item.split("=", 1) for item in head.split())}
+    stats["top"] = {name: int(count) for name, count in (item.rsplit("=", 1) for item in most)}
+    return stats
+
+
+def query_counts(host: str, port: int = 53, containing: str = "", domain: str = "cluster.local") -> dict:
+    """Ask the server at host:port (over TCP: the answer can outgrow a UDP datagram) how many queries it answered
+    for the names that contain `containing`: {"queries", "names", "nxdomain", "tcp", "top": {name: count}}."""
+    from dnslib import QTYPE, DNSRecord
+    name = ".".join(part for part in (containing, STATS_LABEL, domain) if part)
+    reply = DNSRecord.parse(DNSRecord.question(name, "TXT").send(host, port, tcp=True, timeout=5))
+    texts = [part.decode() for rr in reply.rr if rr.rtype == QTYPE.TXT for part in rr.rdata.data]
+    if not texts:
+        raise RuntimeError(f"{host}:{port} did not answer the stats question {name} (rcode {reply.header.rcode})")
+    return parse_stats(texts)
+
+
 # ---- I/O: the watch and the server -------------------------------------------------------------------------------
 
 class Watcher:
@@ -211,9 +289,10 @@ class Watcher:
                 time.sleep(1)
 
 
-def make_resolver(records: Records, log: logging.Logger):
+def make_resolver(records: Records, log: logging.Logger, counter: QueryCounter | None = None):
     from dnslib import CNAME, PTR, QTYPE, RR as DnsRR, SOA, SRV, TXT, A
     from dnslib.server import BaseResolver
+    counter = counter if counter is not None else QueryCounter()
 
     rdata = {"A": lambda d: A(d[0]), "SRV": lambda d: SRV(d[0], d[1], d[2], d[3] + "."),
              "CNAME": lambda d: CNAME(d[0] + "."), "PTR": lambda d: PTR(d[0] + "."), "TXT": lambda d: TXT(d[0])}
@@ -223,7 +302,12 @@ def make_resolver(records: Records, log: logging.Logger):
         def resolve(self, request, handler):
             reply = request.reply()
             q = request.q
+            containing = counter.stats_question(str(q.qname), records.domain)
+            if containing is not None:  # a stats question: answered, not counted
+                reply.add_answer(DnsRR(str(q.qname), QTYPE.TXT, ttl=0, rdata=TXT(counter.stats_texts(containing))))
+                return reply
             answer = records.resolve(str(q.qname), QTYPE.get(q.qtype, str(q.qtype)))
+            counter.count(str(q.qname), answer.rcode, tcp=getattr(handler, "protocol", "") == "tcp")
             reply.header.rcode = answer.rcode
             reply.header.aa = int(answer.authoritative)
             for rr in answer.records:
@@ -232,7 +316,9 @@ def make_resolver(records: Records, log: logging.Logger):
                 reply.add_auth(DnsRR(records.domain + ".", QTYPE.SOA, ttl=TTL, rdata=soa))
             return reply
 
-    return Resolver()
+    resolver = Resolver()
+    resolver.counter = counter
+    return resolver
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -130,3 +130,49 @@ def test_the_server_answers_over_udp_with_short_ttls_and_the_zones_soa(records):
         assert ask("pypi.org").header.rcode == 5
     finally:
         server.stop()
+
+
+# --- counting queries (issue 26: what a gang's wait costs the cluster DNS) ---------------------------------------
+
+def test_the_server_counts_the_queries_it_answers_by_name_and_answers_the_counts(records):
+    """Real queries over UDP and TCP; the counts come back through the stats question, which is not counted."""
+    from dnslib import DNSRecord
+    from dnslib.server import DNSLogger, DNSServer
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    resolver = dns.make_resolver(records, None)
+    quiet = DNSLogger(log="-request,-reply,-truncated,-error,-recv,-send,-data", prefix=False)
+    servers = [DNSServer(resolver, address="127.0.0.1", port=port, tcp=tcp, logger=quiet) for tcp in (False, True)]
+    for server in servers:
+        server.start_thread()
+    try:
+        def ask(name, qtype="A", tcp=False):
+            return DNSRecord.parse(DNSRecord.question(name, qtype).send("127.0.0.1", port, tcp=tcp, timeout=5))
+        for _ in range(3):
+            ask(f"ddp-0.ddp.ml.svc.{ZONE}")
+        ask(f"DDP-0.ddp.ml.svc.{ZONE}.", "AAAA", tcp=True)  # the same name: case and the final dot do not matter
+        ask(f"ddp-7.ddp.ml.svc.{ZONE}")  # NXDOMAIN
+        ask(f"web.ml.svc.{ZONE}")
+        before = dns.query_counts("127.0.0.1", port)
+        assert {k: before[k] for k in ("queries", "names", "nxdomain", "tcp")} == \
+            {"queries": 6, "names": 3, "nxdomain": 1, "tcp": 1}
+        assert before["top"] == {f"ddp-0.ddp.ml.svc.{ZONE}": 4, f"ddp-7.ddp.ml.svc.{ZONE}": 1,
+                                 f"web.ml.svc.{ZONE}": 1}
+        gang = dns.query_counts("127.0.0.1", port, containing="ddp")
+        assert gang["queries"] == 5 and gang["names"] == 2 and gang["nxdomain"] == 1
+        assert dns.query_counts("127.0.0.1", port, containing="nothing-like-this")["queries"] == 0
+        assert dns.query_counts("127.0.0.1", port)["queries"] == 6  # asking did not count
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_the_counter_keeps_a_bounded_number_of_names(monkeypatch):
+    monkeypatch.setattr(dns, "MAX_COUNTED_NAMES", 3)
+    counter = dns.QueryCounter()
+    for i in range(5):
+        counter.count(f"n{i}.ml.svc.{ZONE}", dns.NXDOMAIN)
+    totals, most = counter.totals()
+    assert totals == {"queries": 5, "names": 4, "nxdomain": 5, "tcp": 0}
+    assert dict(most)["(other)"] == 2

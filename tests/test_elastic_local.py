@@ -199,9 +199,12 @@ def test_scales_are_refused_as_a_cluster_refuses_them_and_an_elastic_gang_lives_
     rows = local_summary(output)
     assert rows["el-2"][-1] == "Deleted" and rows["el-1"][-1] == "Parked" and "fixed-2" not in rows
     assert output.count("TRAIN el 2 ") == 1  # the deleted member ran once and was not restarted
-    # The scaled-up pod's gang wait waited for the first min members (and itself), not for all max.
-    assert re.search(r"^\[el-2/trainhook-gang-wait\] trainhook-launch wait: 3/3 peers resolve$", output, re.M)
-    assert re.search(r"^\[el-0/trainhook-gang-wait\] trainhook-launch wait: 2/2 peers resolve$", output, re.M)
+    # The scaled-up pod's gang wait waited for its own and rank 0's addresses (rank 0's for the first min members),
+    # never for all max.
+    assert re.search(r"^\[el-2/trainhook-gang-wait\] trainhook-launch wait: 2/2 of this pod's own and rank 0's "
+                     r"addresses resolve$", output, re.M)
+    assert re.search(r"^\[el-0/trainhook-gang-wait\] trainhook-launch wait: every member's address resolves "
+                     r"\(2/2\)$", output, re.M)
     assert len(re.findall(r"^\[fixed-\d\] TRAIN ", output, re.M)) == 2  # the refusal touched no running pod
 
 
