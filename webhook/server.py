@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from trainhook.webhook import launcher_configmap
+from trainhook.webhook import launcher_configmap, notary
 from trainhook.webhook.connections import BUDGET, RUNNER_ARGS, guard_app, serve_app
 from trainhook.webhook.observability import Metrics, configure_logging
 from trainhook.webhook.review import BadReview, json_bytes, review
@@ -235,6 +235,24 @@ def watch_statefulsets(app: web.Application, api_client) -> StatefulSetCache:
     return cache
 
 
+def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SSLContext, api_client=None) -> None:
+    """The notary (webhook/notary.py): a second HTTPS listener on --notary-port with the webhook's own TLS context,
+    up and down with `app`; only with --notary-authority cluster or local:DIR."""
+    if args.notary_authority == "none":
+        return
+    notary_app = notary.create_app(notary.Notary(notary.authority_from(args, api_client), args.settings.gang_key))
+
+    async def listener(app: web.Application):
+        runner = web.AppRunner(notary_app, handle_signals=False, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, args.host, args.notary_port, ssl_context=context).start()
+        log.info("notary serving", extra={"host": args.host, "port": args.notary_port, "url": args.notary_url})
+        yield
+        await runner.cleanup()
+
+    app.cleanup_ctx.append(listener)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = settings_from_env()
     defaults = Settings(**env)
@@ -270,6 +288,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="watch StatefulSets (in-cluster or KUBECONFIG) to check statefulsets/scale reviews "
                              "(env TRAINHOOK_WEBHOOK_WATCH_STATEFULSETS=true; the chart's scaleCheck sets it)")
     parser.add_argument("--log-level", default="INFO")
+    notary.add_arguments(parser)
     certs = parser.add_argument_group("certificates", "self-managed: the webhook keeps its CA and serving pair "
                                       "in one Secret and writes the caBundle of its webhook configuration")
     certs.add_argument("--cert-mode", choices=CERT_MODES, default=cert_defaults.mode,
@@ -321,6 +340,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         sync_interval=args.cert_sync_interval)
     if args.certs.mode != "self-managed" and args.certs.missing():
         parser.error(f"--cert-mode {args.certs.mode} serves files: {' and '.join(args.certs.missing())} required")
+    if notary.check_arguments(args):
+        parser.error(notary.check_arguments(args))
+    args.settings = notary.notary_settings(args.settings, args)
     return args
 
 
@@ -381,6 +403,11 @@ async def run(args: argparse.Namespace) -> int:
             print(f"trainhook-webhook: --watch-statefulsets: cannot reach the Kubernetes API (in-cluster or "
                   f"KUBECONFIG): {e}", file=sys.stderr)
             return 2
+    try:
+        serve_notary(app, args, reloader.context, api_client if manager else None)
+    except Exception as e:  # noqa: BLE001 - no gang key, or the client's loaders' many error types
+        print(f"trainhook-webhook: --notary-authority {args.notary_authority}: {e}", file=sys.stderr)
+        return 2
     await serve(app, args.host, args.port, reloader.context)
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/trainhook/launcher:0.1.0"
@@ -30,6 +31,19 @@ class Settings:
     # pods there mount it instead of getting the launcher from an init container. Empty until it is written.
     launcher_configmap: str = ""
     launcher_namespaces: frozenset = frozenset()
+    # The notary (docs/security.md, webhook/notary.py): its base URL as gang pods dial it
+    # (`https://<service>.<namespace>.svc:<port>`; empty when this webhook runs no notary, and then nothing is
+    # injected), and the PEM CA bundle that verifies its certificate. `notary_ca` is either the PEM itself (a str:
+    # the chart's caBundle in certificate mode `secret`) or a function returning the current PEM (self-managed and
+    # cert-manager, whose CA file can rotate): read it through `notary_ca_pem`, which makes no API call.
+    notary_url: str = ""
+    notary_ca: Callable[[], str] | str = ""
+
+
+def notary_ca_pem(settings: Settings) -> str:
+    """The notary's CA bundle now (PEM text, "" when unknown), whichever form `settings.notary_ca` has."""
+    ca = settings.notary_ca
+    return ca() if callable(ca) else ca
 
 
 def parse_tolerations(text: str) -> tuple[dict, ...]:

@@ -1,0 +1,383 @@
+"""The notary: a second HTTPS listener of the webhook that gives gang members their signing key and records, stops
+and emits on the gang's behalf (docs/security.md is the spec; its API table is the contract with launcher/).
+
+A request carries the pod's projected token (audience `trainhook`). The notary asks its `Authority` who the token
+names (a TokenReview in a cluster), reads that pod and its gang's anchor (rank 0's pod and workload), and lets the
+pure decision (notary_membership) say whether the pod belongs; what a record does is notary_records. This module
+is only the order of the I/O and the HTTP mapping: 401 unauthenticated, 403 refused, 400 malformed, 503 not
+decidable yet (with Retry-After). Refusals are logged once per (pod, reason), at a bounded rate.
+
+Authorities: `cluster` (webhook/notary_cluster.py: the API server, with the chart's documented RBAC) and
+`local:DIR` (webhook/notary_local.py: `trainhook local`'s runner plays the API server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime as dt
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from aiohttp import web
+
+from trainhook.webhook.notary_membership import (WORKLOAD_KINDS, Gang, Place, Refusal, WorkloadRef, carries_job,
+                                                 decide, gang_key, gang_workloads, identity_from_review, pick_anchor,
+                                                 place_of)
+from trainhook.webhook.notary_records import (BadBody, event, outcome_message, parse_event, parse_outcome,
+                                              record_patch, recorded_outcome, same_record)
+from trainhook.webhook.settings import Settings
+
+log = logging.getLogger("trainhook.webhook.notary")
+
+DEFAULT_PORT = 8444
+MAX_BODY = 64 * 1024  # an outcome or an event is a few hundred bytes
+MAX_TOKEN = 16 * 1024
+BODY_DEADLINE = 10.0
+RETRY_AFTER = "2"
+MAX_CONFLICTS = 5  # a StatefulSet's status changes under the record's resourceVersion precondition: re-read
+
+
+class Unreachable(Exception):
+    """The authority cannot answer now (the API server is unreachable, slow, or erring): HTTP 503."""
+
+
+class Conflict(Exception):
+    """A write's precondition (resourceVersion) failed: someone else wrote first."""
+
+
+class Authority(Protocol):
+    """What the notary asks of the cluster; every method raises Unreachable when it cannot answer."""
+
+    async def review_token(self, token: str) -> dict:
+        """The TokenReview status of `token` for audience `trainhook`."""
+
+    async def get_pod(self, namespace: str, name: str) -> dict | None: ...
+
+    async def list_gang_pods(self, namespace: str, job: str) -> list[dict]:
+        """Pods of `namespace` labeled trainhook.dev/job-name=`job`."""
+
+    async def get_workload(self, namespace: str, kind: str, name: str) -> dict | None: ...
+
+    async def patch_workload(self, namespace: str, kind: str, name: str, patch: dict) -> None:
+        """A merge patch; Conflict when its resourceVersion is not the current one."""
+
+    async def scale_to_zero(self, namespace: str, name: str) -> None: ...
+
+    async def create_event(self, namespace: str, body: dict) -> None:
+        """Create an Event; one that exists already (a retried record) is not an error."""
+
+
+class RefusalLog:
+    """Logs each (pod, reason) refusal once, and at most `rate` new ones per second: a pod retrying, or a flood of
+    forged requests, cannot fill the log."""
+
+    def __init__(self, rate: float = 10.0, remember: int = 10_000):
+        self.rate, self.remember = rate, remember
+        self.seen: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        self.allowance, self.last = rate, time.monotonic()
+        self.suppressed = 0
+
+    def refused(self, pod: str, status: int, reason: str) -> bool:
+        """Log the refusal unless already logged or over the rate; True when it was logged."""
+        key = (pod, reason)
+        if key in self.seen:
+            return False
+        now = time.monotonic()
+        self.allowance = min(self.rate, self.allowance + (now - self.last) * self.rate)
+        self.last = now
+        if self.allowance < 1:
+            self.suppressed += 1
+            return False
+        self.allowance -= 1
+        self.seen[key] = None
+        while len(self.seen) > self.remember:
+            self.seen.popitem(last=False)
+        log.warning("notary refused", extra={"pod": pod, "status": status, "reason": reason,
+                                             "suppressed": self.suppressed})
+        self.suppressed = 0
+        return True
+
+
+@dataclass
+class Verified:
+    """A request's verified member: its place, its gang and the anchor workload as read (None: bare-Pod gang)."""
+
+    place: Place
+    gang: Gang
+    anchor_workload: dict | None
+
+
+class Notary:
+    """The notary's state: the authority, the gang key, the refusals, and bare-Pod gangs' outcomes (they have no
+    workload to record on: kept here, bounded, and said in an Event on rank 0's pod)."""
+
+    def __init__(self, authority: Authority, key: bytes, now=lambda: dt.datetime.now(dt.timezone.utc)):
+        if not key:
+            raise ValueError("the notary needs the gang key (TRAINHOOK_WEBHOOK_GANG_KEY or --gang-key-file)")
+        self.authority, self.key, self.now = authority, key, now
+        self.refusals = RefusalLog()
+        self.bare_outcomes: collections.OrderedDict[str, dict] = collections.OrderedDict()
+
+    async def verify(self, token: str) -> Verified:
+        """Who sent the request, and their gang (Refusal otherwise)."""
+        authority = self.authority
+        identity = identity_from_review(await authority.review_token(token))
+        place = place_of(identity, await authority.get_pod(identity.namespace, identity.pod))
+        named = await authority.get_pod(place.namespace, place.anchor_hostname)
+        try:
+            anchor = pick_anchor(place, [named] if named else [])
+        except Refusal:  # rank 0's pod is not named after its hostname (a Job's, a bare pod's): look by label
+            anchor = pick_anchor(place, await authority.list_gang_pods(place.namespace, place.job))
+        owner_meta = anchor.get("metadata") or {}
+        anchor_ref = next((WorkloadRef(r.get("kind", ""), r.get("name", ""), r.get("uid", ""))
+                           for r in owner_meta.get("ownerReferences") or [] if r.get("controller")), None)
+        anchor_workload = None
+        if anchor_ref is not None and anchor_ref.kind in WORKLOAD_KINDS:
+            anchor_workload = await authority.get_workload(place.namespace, anchor_ref.kind, anchor_ref.name)
+        own = None
+        if place.owner is not None and place.owner != anchor_ref and place.owner.kind in WORKLOAD_KINDS:
+            own = await authority.get_workload(place.namespace, place.owner.kind, place.owner.name)
+        return Verified(place, decide(place, anchor, anchor_workload, own), anchor_workload)
+
+    # --- what the calls do, once verified --------------------------------------------------------------------
+    def credential(self, verified: Verified) -> dict:
+        gang = verified.gang
+        return {"namespace": gang.namespace, "job": gang.job, "gang": gang.gang_id, "key": gang_key(self.key, gang)}
+
+    def current_outcome(self, verified: Verified) -> dict | None:
+        if verified.gang.bare:
+            return self.bare_outcomes.get(verified.gang.gang_id)
+        return recorded_outcome(verified.anchor_workload)
+
+    async def record(self, verified: Verified, outcome: dict) -> dict:
+        """Record `outcome` once (first write wins), stop the gang's StatefulSets, emit the Events; returns the
+        outcome that is recorded. A retry of the same record finishes what an error interrupted."""
+        gang = verified.gang
+        if gang.bare:
+            recorded = self.bare_outcomes.setdefault(gang.gang_id, outcome)
+            while len(self.bare_outcomes) > 10_000:
+                self.bare_outcomes.popitem(last=False)
+            if recorded is outcome:
+                await self._emit(gang, [gang.anchor_workload], *outcome_message(outcome), key=outcome["time"])
+            return recorded
+        workload = verified.anchor_workload
+        for _ in range(MAX_CONFLICTS):
+            recorded = recorded_outcome(workload)
+            if recorded is not None:
+                if not same_record(recorded, outcome):
+                    return recorded
+                break
+            version = ((workload or {}).get("metadata") or {}).get("resourceVersion")
+            try:
+                await self.authority.patch_workload(gang.namespace, gang.anchor_workload.kind,
+                                                    gang.anchor_workload.name, record_patch(outcome, version))
+                break
+            except Conflict:
+                workload = await self.authority.get_workload(gang.namespace, gang.anchor_workload.kind,
+                                                             gang.anchor_workload.name)
+        else:
+            raise Unreachable(f"the record on {gang.anchor_workload.kind}/{gang.anchor_workload.name} kept "
+                              "conflicting with other writes")
+        workloads = await self._workloads(gang)
+        for ref, obj in workloads[1:]:
+            if recorded_outcome(obj) is None:
+                await self.authority.patch_workload(gang.namespace, ref.kind, ref.name, record_patch(outcome))
+        for ref, obj in workloads:
+            if ref.kind == "StatefulSet" and ((obj or {}).get("spec") or {}).get("replicas") != 0:
+                await self.authority.scale_to_zero(gang.namespace, ref.name)
+        await self._emit(gang, [ref for ref, _ in workloads], *outcome_message(outcome), key=outcome["time"])
+        log.info("gang outcome recorded", extra={"gang": gang.gang_id, "phase": outcome["phase"],
+                                                 "code": outcome["code"], "rank": outcome["rank"]})
+        return outcome
+
+    async def emit(self, verified: Verified, kind: str, reason: str, message: str) -> None:
+        gang = verified.gang
+        targets = [gang.anchor_workload] if gang.bare else [ref for ref, _ in await self._workloads(gang)]
+        await self._emit(gang, targets, kind, reason, message, key=uuid.uuid4().hex)
+
+    async def _workloads(self, gang: Gang) -> list[tuple[WorkloadRef, dict | None]]:
+        """The gang's workloads as read now: the anchor's first, then the others that carry the job name."""
+        pods = await self.authority.list_gang_pods(gang.namespace, gang.job)
+        found = []
+        for ref in gang_workloads(gang, pods):
+            obj = await self.authority.get_workload(gang.namespace, ref.kind, ref.name)
+            if obj is None or (obj.get("metadata") or {}).get("uid") != ref.uid:
+                continue
+            if ref == gang.anchor_workload or carries_job(obj, gang.job):
+                found.append((ref, obj))
+        return found
+
+    async def _emit(self, gang: Gang, targets: list[WorkloadRef], kind: str, reason: str, message: str,
+                    key: str) -> None:
+        now = self.now()
+        for ref in targets:
+            await self.authority.create_event(gang.namespace, event(gang, ref, kind, reason, message, now, key))
+
+
+NOTARY = web.AppKey("notary", Notary)
+
+
+def bearer_token(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip() or len(token) > MAX_TOKEN:
+        raise Refusal(401, "no bearer token: send Authorization: Bearer <the projected token>")
+    return token.strip()
+
+
+async def read_json(request: web.Request) -> object:
+    try:
+        async with asyncio.timeout(BODY_DEADLINE):
+            raw = await request.read()
+    except TimeoutError:
+        raise BadBody(f"the body did not arrive within {BODY_DEADLINE:.0f} s") from None
+    try:
+        return json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadBody(f"the body is not JSON: {e}") from None
+
+
+def refusal_answer(notary: Notary, who: str, status: int, reason: str) -> web.Response:
+    notary.refusals.refused(who, status, reason)
+    headers = {"Retry-After": RETRY_AFTER} if status == 503 else None
+    return web.json_response({"error": reason}, status=status, headers=headers)
+
+
+def handler(action):
+    """Wrap an action(notary, verified, body) into a handler: authenticate, verify, map errors to statuses."""
+
+    async def handle(request: web.Request) -> web.Response:
+        notary = request.app[NOTARY]
+        who = request.remote or "?"
+        try:
+            token = bearer_token(request)
+            body = await read_json(request) if request.method == "POST" else None
+            verified = await notary.verify(token)
+            who = f"{verified.place.namespace}/{verified.place.pod}"
+            return web.json_response(await action(notary, verified, body))
+        except Refusal as e:
+            return refusal_answer(notary, who, e.status, e.reason)
+        except BadBody as e:
+            return refusal_answer(notary, who, 400, str(e))
+        except Unreachable as e:
+            return refusal_answer(notary, who, 503, f"cannot decide now: {e}")
+
+    return handle
+
+
+def coordinator_only(verified: Verified, what: str) -> None:
+    if not verified.gang.coordinator:
+        raise Refusal(403, f"pod {verified.place.namespace}/{verified.place.pod} is not the coordinator of gang "
+                           f"{verified.gang.namespace}/{verified.gang.job} (rank 0's pod {verified.gang.anchor_pod} "
+                           f"is): only it may {what}")
+
+
+async def credential(notary: Notary, verified: Verified, body: object) -> dict:
+    return notary.credential(verified)
+
+
+async def get_outcome(notary: Notary, verified: Verified, body: object) -> dict:
+    return {"outcome": notary.current_outcome(verified)}
+
+
+async def post_outcome(notary: Notary, verified: Verified, body: object) -> dict:
+    outcome = parse_outcome(body)
+    coordinator_only(verified, "record the gang's outcome")
+    return {"outcome": await notary.record(verified, outcome)}
+
+
+async def post_event(notary: Notary, verified: Verified, body: object) -> dict:
+    kind, reason, message = parse_event(body)
+    coordinator_only(verified, "emit the gang's events")
+    await notary.emit(verified, kind, reason, message)
+    return {"emitted": reason}
+
+
+def create_app(notary: Notary) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    app[NOTARY] = notary
+    app.router.add_post("/v1/credential", handler(credential))
+    app.router.add_get("/v1/outcome", handler(get_outcome))
+    app.router.add_post("/v1/outcome", handler(post_outcome))
+    app.router.add_post("/v1/event", handler(post_event))
+    return app
+
+
+# --- Settings: flags, the URL gang pods dial, the CA that verifies it -------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("notary", "the gang members' notary (docs/security.md): their signing key, "
+                                      "and the outcome recorded on their behalf")
+    group.add_argument("--notary-authority", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY", "none"),
+                       help="none (no notary), cluster (TokenReview and the API server, in-cluster or KUBECONFIG) "
+                            "or local:DIR (trainhook local's runner) (env TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY)")
+    group.add_argument("--notary-port", type=int, default=int(os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_PORT",
+                                                                             DEFAULT_PORT)),
+                       help=f"the notary's HTTPS port (env TRAINHOOK_WEBHOOK_NOTARY_PORT; default {DEFAULT_PORT})")
+    group.add_argument("--notary-url", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_URL", ""),
+                       help="the notary's base URL as gang pods dial it, injected as TRAINHOOK_NOTARY "
+                            "(env TRAINHOOK_WEBHOOK_NOTARY_URL; the chart sets https://<service>.<namespace>.svc:<port>)")
+    group.add_argument("--notary-ca-file", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_CA_FILE", ""),
+                       help="PEM CA bundle gang pods verify the notary with (env TRAINHOOK_WEBHOOK_NOTARY_CA_FILE, "
+                            "or the PEM itself in TRAINHOOK_WEBHOOK_NOTARY_CA; default: the certificate mode's "
+                            "ca.crt)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """Why the notary flags cannot work, or None."""
+    authority = args.notary_authority
+    if authority not in ("none", "cluster") and not authority.startswith("local:"):
+        return f"--notary-authority {authority!r}: use none, cluster or local:DIR"
+    if not 0 < args.notary_port < 65536:
+        return f"--notary-port {args.notary_port}: use a TCP port from 1 to 65535"
+    return None
+
+
+class FileText:
+    """A small text file read again only when it changes (a stat per call: cheap enough for every admission,
+    and no API call); "" while it does not exist."""
+
+    def __init__(self, path: Path):
+        self.path, self.seen, self.text = path, None, ""
+
+    def __call__(self) -> str:
+        try:
+            stat = self.path.stat()
+            if (stat.st_mtime_ns, stat.st_size) != self.seen:
+                self.text, self.seen = self.path.read_text(), (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            self.text, self.seen = "", None
+        return self.text
+
+
+def notary_settings(settings: Settings, args: argparse.Namespace) -> Settings:
+    """`settings` with the notary's URL and CA: the CA file named, else the PEM in the environment (certificate
+    mode `secret`: the chart's caBundle), else the mode's own ca.crt (self-managed: the one its cert dir keeps from
+    the Secret; cert-manager: the mounted Secret's, beside tls.crt)."""
+    if args.notary_authority == "none":
+        return settings
+    if args.notary_ca_file:
+        ca = FileText(Path(args.notary_ca_file))
+    elif os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_CA"):
+        ca = os.environ["TRAINHOOK_WEBHOOK_NOTARY_CA"]
+    elif args.certs.mode == "self-managed":
+        ca = FileText(Path(args.certs.cert_dir) / "ca.crt")
+    else:
+        ca = FileText(Path(args.certs.cert_file or ".").with_name("ca.crt"))
+    return replace(settings, notary_url=args.notary_url, notary_ca=ca)
+
+
+def authority_from(args: argparse.Namespace, api_client=None) -> Authority:
+    if args.notary_authority.startswith("local:"):
+        from trainhook.webhook.notary_local import LocalAuthority
+        return LocalAuthority(Path(args.notary_authority.split(":", 1)[1]))
+    from trainhook.webhook.notary_cluster import ClusterAuthority
+    from trainhook.webhook.selfcerts import kube_client
+    return ClusterAuthority(api_client or kube_client())
