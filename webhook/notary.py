@@ -24,6 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Protocol
 
 from aiohttp import web
@@ -119,10 +120,14 @@ class Notary:
     """The notary's state: the authority, the gang key, the refusals, and bare-Pod gangs' outcomes (they have no
     workload to record on: kept here, bounded, and said in an Event on rank 0's pod)."""
 
-    def __init__(self, authority: Authority, key: bytes, now=lambda: dt.datetime.now(dt.timezone.utc)):
-        if not key:
+    def __init__(self, authority: Authority, key: bytes | Callable[[], bytes],
+                 now=lambda: dt.datetime.now(dt.timezone.utc)):
+        """`key` is the gang key, or a function returning the current one (the webhook's Settings hold it, and
+        may adopt a new one while serving)."""
+        self.key_now = key if callable(key) else (lambda: key)
+        if not self.key_now():
             raise ValueError("the notary needs the gang key (TRAINHOOK_WEBHOOK_GANG_KEY or --gang-key-file)")
-        self.authority, self.key, self.now = authority, key, now
+        self.authority, self.now = authority, now
         self.refusals = RefusalLog()
         self.bare_outcomes: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
@@ -150,7 +155,8 @@ class Notary:
     # --- what the calls do, once verified --------------------------------------------------------------------
     def credential(self, verified: Verified) -> dict:
         gang = verified.gang
-        return {"namespace": gang.namespace, "job": gang.job, "gang": gang.gang_id, "key": gang_key(self.key, gang)}
+        key = gang_key(self.key_now(), gang)
+        return {"namespace": gang.namespace, "job": gang.job, "gang": gang.gang_id, "key": key}
 
     def current_outcome(self, verified: Verified) -> dict | None:
         if verified.gang.bare:
@@ -323,7 +329,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"the notary's HTTPS port (env TRAINHOOK_WEBHOOK_NOTARY_PORT; default {DEFAULT_PORT})")
     group.add_argument("--notary-url", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_URL", ""),
                        help="the notary's base URL as gang pods dial it, injected as TRAINHOOK_NOTARY "
-                            "(env TRAINHOOK_WEBHOOK_NOTARY_URL; the chart sets https://<service>.<namespace>.svc:<port>)")
+                            "(env TRAINHOOK_WEBHOOK_NOTARY_URL; the chart sets "
+                            "https://<service>.<namespace>.svc:<port>)")
     group.add_argument("--notary-ca-file", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_CA_FILE", ""),
                        help="PEM CA bundle gang pods verify the notary with (env TRAINHOOK_WEBHOOK_NOTARY_CA_FILE, "
                             "or the PEM itself in TRAINHOOK_WEBHOOK_NOTARY_CA; default: the certificate mode's "

@@ -134,6 +134,11 @@ def place_of(identity: Identity, pod: dict | None) -> Place:
     return Place(identity.namespace, job, identity.pod, identity.pod_uid, member, _owner_ref(pod))
 
 
+def hostname_of(pod: dict) -> str:
+    """The pod's hostname: spec.hostname (StatefulSet, Job and admitted bare pods have it), else its name."""
+    return (pod.get("spec") or {}).get("hostname") or (pod.get("metadata") or {}).get("name", "")
+
+
 def pick_anchor(place: Place, candidates: list[dict]) -> dict:
     """Rank 0's pod among `candidates` (the pod named like rank 0's hostname, or the pods labeled with the gang's
     job name): a pod of the same gang whose own place is rank 0, at the hostname the requester's place names.
@@ -150,8 +155,7 @@ def pick_anchor(place: Place, candidates: list[dict]) -> dict:
     gang = f"gang {place.namespace}/{place.job}"
     if not claimants:
         raise Refusal(503, f"rank 0's pod ({place.anchor_hostname}) of {gang} does not exist yet")
-    matching = [p for p in claimants
-                if (p.get("spec") or {}).get("hostname", (p.get("metadata") or {}).get("name")) == place.anchor_hostname]
+    matching = [p for p in claimants if hostname_of(p) == place.anchor_hostname]
     names = sorted((p.get("metadata") or {}).get("name", "") for p in (matching or claimants))
     if not matching:
         raise Refusal(403, f"pod {place.namespace}/{place.pod} is not of {gang}'s shape: its labels put rank 0 at "

@@ -240,7 +240,8 @@ def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SS
     up and down with `app`; only with --notary-authority cluster or local:DIR."""
     if args.notary_authority == "none":
         return
-    notary_app = notary.create_app(notary.Notary(notary.authority_from(args, api_client), args.settings.gang_key))
+    notary_app = notary.create_app(notary.Notary(notary.authority_from(args, api_client),
+                                                 lambda: app[SETTINGS].settings.gang_key))
 
     async def listener(app: web.Application):
         runner = web.AppRunner(notary_app, handle_signals=False, access_log=None)

@@ -1,0 +1,195 @@
+"""The notary's pure decisions: who a TokenReview names, who is a member, who coordinates, what a record writes.
+
+Pods are built as the controllers make them (tests/objects.py) from templates as the webhook leaves them stamped;
+the cluster half (real tokens, a real API server) is test_notary_cluster.py.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from objects import pod_of_statefulset, statefulset
+from trainhook.webhook.notary_membership import (Identity, Refusal, decide, gang_key, gang_workloads,
+                                                 identity_from_review, pick_anchor, place_of)
+from trainhook.webhook.notary_records import (BadBody, outcome_message, parse_event, parse_outcome, record_patch,
+                                              recorded_outcome, same_record)
+
+NS = "team-a"
+
+
+def stamped(name: str, replicas: int, job: str | None = None, role: str = "worker", uid: str = "") -> dict:
+    """A StatefulSet as stored after admission: the job name and shape stamped on its template."""
+    job = job or name
+    sts = statefulset(name, replicas, labels={"trainhook.dev/job-name": job, "trainhook.dev/role": role},
+                      annotations=None, service=job)
+    sts["spec"]["template"]["metadata"]["annotations"] = {"trainhook.dev/replicas": f"{role}={replicas}"}
+    sts["metadata"]["uid"] = uid or f"uid-{name}"
+    return sts
+
+
+def pod(sts: dict, ordinal: int) -> dict:
+    p = pod_of_statefulset(sts, ordinal)
+    p["metadata"]["ownerReferences"][0]["uid"] = sts["metadata"]["uid"]
+    p["metadata"]["uid"] = f"pod-{p['metadata']['name']}"
+    p["spec"]["serviceAccountName"] = "trainer"
+    return p
+
+
+def identity(p: dict) -> Identity:
+    return Identity(NS, "trainer", p["metadata"]["name"], p["metadata"]["uid"])
+
+
+def review(name: str, uid: str, username: str = f"system:serviceaccount:{NS}:trainer") -> dict:
+    return {"authenticated": True, "user": {"username": username, "extra": {
+        "authentication.kubernetes.io/pod-name": [name], "authentication.kubernetes.io/pod-uid": [uid]}}}
+
+
+def test_a_review_names_the_pod_or_is_refused_401():
+    assert identity_from_review(review("p-0", "u1")) == Identity(NS, "trainer", "p-0", "u1")
+    for status, why in [({"authenticated": False, "error": "expired"}, "expired"),
+                        (review("p-0", "u1", username="jane@example.com"), "not a ServiceAccount's"),
+                        ({"authenticated": True, "user": {"username": f"system:serviceaccount:{NS}:trainer"}},
+                         "not bound to a pod")]:
+        with pytest.raises(Refusal) as refused:
+            identity_from_review(status)
+        assert refused.value.status == 401 and why in refused.value.reason
+
+
+def test_a_member_of_a_statefulset_gang_and_its_coordinator():
+    sts = stamped("ddp", 3)
+    pods = [pod(sts, i) for i in range(3)]
+    place = place_of(identity(pods[2]), pods[2])
+    assert (place.job, place.member.rank, place.anchor_hostname) == ("ddp", 2, "ddp-0")
+    anchor = pick_anchor(place, pods)
+    assert anchor is pods[0]
+    gang = decide(place, anchor, sts, None)
+    assert gang.gang_id == f"{NS}/ddp/uid-ddp" and not gang.coordinator
+    assert decide(place_of(identity(pods[0]), pods[0]), anchor, sts, None).coordinator
+
+
+def test_the_token_of_a_deleted_and_recreated_pod_or_a_pod_outside_any_gang_is_refused():
+    sts = stamped("ddp", 2)
+    p = pod(sts, 1)
+    for current, why in [(None, "does not exist"), ({**p, "metadata": {**p["metadata"], "uid": "new"}},
+                                                    "not the pod the token was issued to")]:
+        with pytest.raises(Refusal) as refused:
+            place_of(identity(p), current)
+        assert refused.value.status == 403 and why in refused.value.reason
+    unlabeled = copy.deepcopy(p)
+    del unlabeled["metadata"]["labels"]["trainhook.dev/job-name"]
+    with pytest.raises(Refusal, match="in no gang"):
+        place_of(identity(unlabeled), unlabeled)
+    shapeless = copy.deepcopy(p)
+    del shapeless["metadata"]["annotations"]["trainhook.dev/replicas"]
+    with pytest.raises(Refusal, match="was not admitted as a member"):
+        place_of(identity(shapeless), shapeless)
+
+
+def test_a_bare_pod_with_the_gangs_labels_is_not_a_member():
+    sts = stamped("ddp", 2)
+    pods = [pod(sts, i) for i in range(2)]
+    bare = copy.deepcopy(pods[1])
+    bare["metadata"].update(name="ddp-7", uid="forger", ownerReferences=[])
+    bare["metadata"]["labels"]["trainhook.dev/index"] = "1"
+    place = place_of(identity(bare), bare)
+    with pytest.raises(Refusal) as refused:
+        pick_anchor(place, pods + [bare])
+    assert refused.value.status == 403 and "rank 0 is ddp-0" in refused.value.reason
+
+
+def test_a_pod_naming_the_gangs_statefulset_with_another_uid_is_not_a_member():
+    """A forged owner reference (the real uid takes `create pods` in the namespace: trusted, docs/security.md)."""
+    sts = stamped("ddp", 2)
+    pods = [pod(sts, i) for i in range(2)]
+    forged = copy.deepcopy(pods[1])
+    forged["metadata"]["uid"] = "forged-pod"
+    forged["metadata"]["ownerReferences"][0]["uid"] = "made-up"
+    place = place_of(identity(forged), forged)
+    with pytest.raises(Refusal) as refused:
+        decide(place, pick_anchor(place, pods), sts, sts)
+    assert refused.value.status == 403 and "not a workload of gang" in refused.value.reason
+
+
+def test_a_multi_role_gangs_other_workload_is_a_member_only_when_it_carries_the_job_name():
+    master, worker = stamped("gang-master", 1, job="gang", role="master"), stamped("gang-worker", 2, job="gang")
+    for sts in (master, worker):
+        sts["spec"]["template"]["metadata"]["annotations"]["trainhook.dev/replicas"] = "master=1,worker=2"
+    anchor, member = pod(master, 0), pod(worker, 1)
+    place = place_of(identity(member), member)
+    assert place.member.rank == 2 and place.anchor_hostname == "gang-master-0"
+    gang = decide(place, pick_anchor(place, [anchor, member]), master, worker)
+    assert gang.anchor_workload.name == "gang-master" and not gang.coordinator
+    unlabeled = copy.deepcopy(worker)
+    unlabeled["metadata"]["labels"].pop("trainhook.dev/job-name")
+    unlabeled["spec"]["template"]["metadata"]["labels"].pop("trainhook.dev/job-name")
+    with pytest.raises(Refusal, match="not a workload of gang"):
+        decide(place, anchor, master, unlabeled)
+
+
+def test_rank_0_missing_or_its_workload_replaced_is_503_and_two_claimants_403():
+    sts = stamped("ddp", 2)
+    pods = [pod(sts, i) for i in range(2)]
+    place = place_of(identity(pods[1]), pods[1])
+    with pytest.raises(Refusal) as refused:
+        pick_anchor(place, [pods[1]])
+    assert refused.value.status == 503 and "does not exist yet" in refused.value.reason
+    with pytest.raises(Refusal) as refused:
+        decide(place, pods[0], {**sts, "metadata": {**sts["metadata"], "uid": "recreated"}}, None)
+    assert refused.value.status == 503
+    twin = copy.deepcopy(pods[0])
+    twin["metadata"]["uid"] = "twin"
+    with pytest.raises(Refusal) as refused:
+        pick_anchor(place, [pods[0], twin])
+    assert refused.value.status == 403 and "several pods claim rank 0" in refused.value.reason
+
+
+def test_the_key_changes_with_the_workloads_uid_and_with_the_gang_key():
+    first, again = stamped("ddp", 2, uid="one"), stamped("ddp", 2, uid="two")
+    keys = set()
+    for sts, secret in [(first, b"k1"), (again, b"k1"), (first, b"k2")]:
+        p = [pod(sts, 0), pod(sts, 1)]
+        place = place_of(identity(p[1]), p[1])
+        keys.add(gang_key(secret, decide(place, p[0], sts, None)))
+    assert len(keys) == 3
+
+
+def test_the_gangs_workloads_are_the_anchors_then_the_other_controllers():
+    master, worker = stamped("g-master", 1, job="g", role="master"), stamped("g-worker", 2, job="g")
+    for sts in (master, worker):
+        sts["spec"]["template"]["metadata"]["annotations"]["trainhook.dev/replicas"] = "master=1,worker=2"
+    anchor = pod(master, 0)
+    gang = decide(place_of(identity(anchor), anchor), anchor, master, None)
+    refs = gang_workloads(gang, [pod(worker, 0), anchor, pod(worker, 1)])
+    assert [(r.kind, r.name) for r in refs] == [("StatefulSet", "g-master"), ("StatefulSet", "g-worker")]
+
+
+def test_an_outcome_body_is_checked_and_recorded_as_annotations_and_a_label():
+    body = {"outcome": {"phase": "Failed", "code": 3, "reason": "rank 1\nexited 3", "rank": 1,
+                        "time": "2024-05-06T07:08:09Z", "attempt": 1, "restarts": 0, "pod": "ddp-1"}}
+    outcome = parse_outcome(body)
+    assert outcome["reason"] == "rank 1 exited 3"  # one line
+    patch = record_patch(outcome, "42")
+    assert patch == {"metadata": {"resourceVersion": "42", "labels": {"trainhook.dev/phase": "Failed"}, "annotations": {
+        "trainhook.dev/phase": "Failed", "trainhook.dev/phase-time": "2024-05-06T07:08:09Z",
+        "trainhook.dev/phase-reason": "rank 1 exited 3", "trainhook.dev/exit-code": "3"}}}
+    recorded = recorded_outcome({"metadata": patch["metadata"]})
+    assert same_record(recorded, outcome) and not same_record(recorded, {**outcome, "code": 4})
+    assert outcome_message(outcome) == ("Warning", "GangFailed", "gang failed: rank 1 (pod ddp-1) exited 3: "
+                                                                 "rank 1 exited 3")
+    for bad, field in [({"outcome": {**body["outcome"], "phase": "Done"}}, "outcome.phase"),
+                       ({"outcome": {**body["outcome"], "code": "3"}}, "outcome.code"),
+                       ({"outcome": {**body["outcome"], "time": "yesterday"}}, "outcome.time"),
+                       ([], "the body must be")]:
+        with pytest.raises(BadBody, match=field):
+            parse_outcome(bad)
+
+
+def test_an_event_body_is_checked():
+    assert parse_event({"type": "Normal", "reason": "GangRestarted", "message": "a\nb"}) == (
+        "Normal", "GangRestarted", "a b")
+    for bad, what in [({"type": "Error", "reason": "X"}, "type"), ({"type": "Normal", "reason": "not camel"},
+                                                                     "reason")]:
+        with pytest.raises(BadBody, match=what):
+            parse_event(bad)
