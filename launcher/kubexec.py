@@ -7,17 +7,21 @@ words joined by spaces, exactly as ssh and rsh run it (and as Kubeflow v1's kube
 Both spellings are accepted: `kubexec POD -- CMD ARGS` and `kubexec [-o Opt=v -p N -x ...] HOST CMD ARGS`;
 `user@` is dropped from HOST except for ssh, and HOST's first DNS label is the pod (`w-1.job` -> pod `w-1`).
 
-Transports (`--transport`, else TRAINHOOK_MPI_TRANSPORT, else `local` inside a `trainhook local` run, else
-`kubexec`):
-- `kubexec`: the Kubernetes exec API with the pod's ServiceAccount (else a JSON kubeconfig: kube_api), over a
-  websocket with the `v4.channel.k8s.io` protocol (`v5` where the server offers it): every message's first
-  byte is its channel (0 stdin, 1 stdout, 2 stderr, 3 the exit Status); stdin, stdout and stderr are relayed and
+Transports (`--transport`, else TRAINHOOK_MPI_TRANSPORT, else `gang`):
+- `gang` (the default, in a cluster and under `trainhook local` alike): HOST's own `mpi-worker` runs the command,
+  asked over the gang's authenticated control port through the launcher's doorway (mpi_exec, mpi_spawn): no
+  Kubernetes API call, no exec permission, no sshd. `--doorway PATH` is the launcher's unix socket (the agent
+  script names it).
+- `kubexec` (an explicit opt-in: it needs an exec grant, which the chart no longer gives): the Kubernetes exec
+  API with the pod's ServiceAccount (else a JSON kubeconfig: kube_api), over a websocket with the
+  `v4.channel.k8s.io` protocol (`v5` where the server offers it): every message's first byte is its channel (0 stdin, 1 stdout, 2 stderr, 3 the exit Status); stdin, stdout and stderr are relayed and
   the exit code comes from the Status. The pod is read first (for its container: the `trainhook.dev/container`
   annotation, else the first); a pod whose name is not its hostname (a Job's or bare pod) is found by listing
-  the gang's pods. Needs `get`/`list` on pods and `create`/`get` on pods/exec (the chart's training ClusterRole).
+  the gang's pods. Needs `get`/`list` on pods and `create`/`get` on pods/exec for the gang's pods (a Role the user
+binds; docs/frameworks/mpi.md).
 - `ssh`: `ssh` with the given options first (they win), then StrictHostKeyChecking=no,
   UserKnownHostsFile=/dev/null, BatchMode=yes and ConnectionAttempts=10, as mpi-operator v2 runs it.
-- `local`: the target pod of the local run, through the runner's RUN_DIR/podexec (mpi_local).
+- `local`: the target pod of the local run, through the runner's RUN_DIR/podexec (mpi_local); explicit only.
 
 The agent's own failures (no such pod, forbidden, pod not running) print one line naming the pod and the
 reason and exit 255, ssh's code for "could not run the command at all".
@@ -36,12 +40,14 @@ from typing import Mapping, Sequence
 from urllib.parse import quote, urlencode
 
 from trainhook import keys
-from trainhook.launcher import deliver, kube_api, mpi_local
+from trainhook.launcher import deliver, kube_api, mpi_exec, mpi_local
 from trainhook.launcher.gang import ConfigError
 from trainhook.launcher.lifecycle import SERVICE_ACCOUNT_DIR, TH_SERVICE_ACCOUNT_DIR
+from trainhook.launcher.wiring import AGENT_PATH
 
 TH_MPI_TRANSPORT = "TRAINHOOK_MPI_TRANSPORT"
-TRANSPORTS = ("kubexec", "ssh", "local")
+TRANSPORTS = ("gang", "kubexec", "ssh", "local")  # mpi_control.TRANSPORTS
+DEFAULT_TRANSPORT = "gang"
 EXIT_AGENT_FAILED = 255
 REMOTE_SHELL = "/bin/sh"
 PROTOCOL_V4, PROTOCOL_V5 = "v4.channel.k8s.io", "v5.channel.k8s.io"
@@ -50,7 +56,7 @@ STDIN, STDOUT, STDERR, ERROR, CLOSE_CHANNEL = 0, 1, 2, 3, 255  # the exec channe
 SSH_OPTIONS_WITH_ARGUMENT = set("BbcDEeFIiJLlmOoPpQRSWw")
 SSH_DEFAULTS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
                 "-o", "ConnectionAttempts=10", "-o", "LogLevel=ERROR")
-OWN_OPTIONS = ("--transport", "--run-dir", "--namespace", "--container")
+OWN_OPTIONS = ("--transport", "--run-dir", "--namespace", "--container", "--doorway")
 
 
 @dataclass
@@ -62,6 +68,7 @@ class AgentCall:
     run_dir: str = ""
     namespace: str = ""
     container: str = ""
+    doorway: str = ""
 
     @property
     def pod_label(self) -> str:
@@ -74,7 +81,8 @@ class AgentCall:
 
 
 def parse_call(argv: Sequence[str]) -> AgentCall:
-    """Read `[--transport T] [--run-dir D] [--namespace N] [--container C] [ssh options] HOST [--] CMD...`."""
+    """Read `[--transport T] [--run-dir D] [--namespace N] [--container C] [--doorway S] [ssh options] HOST [--]
+    CMD...`."""
     args = list(argv)
     own: dict[str, str] = {}
     ssh_options: list[str] = []
@@ -119,19 +127,20 @@ def parse_call(argv: Sequence[str]) -> AgentCall:
     if transport and transport not in TRANSPORTS:
         raise ConfigError(f"kubexec: --transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
     return AgentCall(host, command, ssh_options, transport, own.get("run_dir", ""), own.get("namespace", ""),
-                     own.get("container", ""))
+                     own.get("container", ""), own.get("doorway", ""))
 
 
 def choose_transport(explicit: str, env: Mapping[str, str]) -> tuple[str, Path | None]:
-    """(transport, local run directory): explicit choice, TRAINHOOK_MPI_TRANSPORT, a local run, kubexec."""
-    transport = explicit or env.get(TH_MPI_TRANSPORT, "").strip()
-    if transport and transport not in TRANSPORTS:
+    """(transport, local run directory): explicit choice, else TRAINHOOK_MPI_TRANSPORT, else `gang`. The run
+    directory is found for the `local` transport only (an explicit choice)."""
+    transport = explicit or env.get(TH_MPI_TRANSPORT, "").strip() or DEFAULT_TRANSPORT
+    if transport not in TRANSPORTS:
         raise ConfigError(f"{TH_MPI_TRANSPORT}={transport!r}: use one of {', '.join(TRANSPORTS)}")
-    run_dir = mpi_local.local_run_dir(env) if transport in ("", "local") else None
+    run_dir = mpi_local.local_run_dir(env) if transport == "local" else None
     if transport == "local" and run_dir is None:
         raise ConfigError(f"{TH_MPI_TRANSPORT}=local, but this is not a pod of a `trainhook local` run "
                           f"(no {mpi_local.TH_LOCAL_RUN_DIR}, and /etc/hosts is not a local run's)")
-    return transport or ("local" if run_dir else "kubexec"), run_dir
+    return transport, run_dir
 
 
 def fail(call: AgentCall, why: str) -> int:
@@ -257,8 +266,9 @@ def kubexec(call: AgentCall, env: Mapping[str, str]) -> int:
     try:
         pod = find_pod(api, namespace, call.pod_label, env)
     except kube_api.ApiError as e:
-        hint = (" (bind the trainhook training ClusterRole to this pod's ServiceAccount: it needs get/list on "
-                "pods and create/get on pods/exec)" if e.status == 403 else "")
+        hint = (" (the kubexec transport needs get/list on pods and create/get on pods/exec, which the chart "
+                "no longer grants: bind a Role for this gang's pods to this pod's ServiceAccount, or use the "
+                "default gang transport)" if e.status == 403 else "")
         return fail(call, f"cannot read {where}: {e}{hint}")
     except kube_api.KubeError as e:
         return fail(call, f"cannot read {where}: {e}")
@@ -287,12 +297,14 @@ def kubexec(call: AgentCall, env: Mapping[str, str]) -> int:
 
 # --- the agent script ----------------------------------------------------------------------------------------
 
-def agent_script(transport: str, run_dir: Path | None) -> str:
+def agent_script(transport: str, run_dir: Path | None, doorway: Path | None = None) -> str:
     """The rsh agent mpirun is pointed at: a shell script (Hydra runs its launcher-exec without arguments)
-    that calls this module with the transport the launcher chose."""
+    that calls this module with the transport the launcher chose (and, for `gang`, the launcher's doorway)."""
     words = [*deliver.self_command(), "kubexec", "--transport", transport]
     if run_dir is not None:
         words += ["--run-dir", str(run_dir)]
+    if doorway is not None:
+        words += ["--doorway", str(doorway)]
     return ("#!/bin/sh\n"
             "# Written by trainhook-launch: the rsh agent mpirun starts its daemons with.\n"
             f"# AGENT [ssh options] HOST COMMAND... runs COMMAND in HOST's pod ({transport} transport).\n"
@@ -311,7 +323,8 @@ def write_file(path: Path, text: str, mode: int) -> None:
 def install_agent(path: Path, transport: str, run_dir: Path | None) -> None:
     """Put the agent script at `path` (raises OSError). Workers need it too: OpenMPI's orted checks that its
     plm_rsh_agent exists before it starts, on every node (Kubeflow v1 mounts kubexec.sh in workers for this)."""
-    write_file(path, agent_script(transport, run_dir), 0o755)
+    doorway = mpi_exec.doorway_path(path) if transport == "gang" else None
+    write_file(path, agent_script(transport, run_dir, doorway), 0o755)
 
 
 # --- entry ---------------------------------------------------------------------------------------------------
@@ -327,6 +340,9 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
             os.execvp(argv_[0], argv_)
         except OSError as e:
             return fail(call, f"cannot run ssh: {e.strerror or e}")
+    if transport == "gang":
+        doorway = Path(call.doorway) if call.doorway else mpi_exec.doorway_path(Path(AGENT_PATH))
+        return mpi_exec.run_agent(call.host, call.remote_command, doorway)
     if transport == "local":
         assert run_dir is not None
         try:

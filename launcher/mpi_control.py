@@ -1,4 +1,5 @@
-"""The control channel between an MPI gang's launcher and its workers: who is there, and how the run ended.
+"""The control channel between an MPI gang's launcher and its workers: who is there, how the run ended, and
+the gang transport's requests to start mpirun's daemons.
 
 mpirun's daemons come and go through the rsh agent; what keeps a worker *pod* alive is this channel. Every
 worker (`trainhook-launch mpi-worker`) listens on the gang's port; the launcher connects to each one before it
@@ -12,10 +13,9 @@ at the end sends each worker the outcome, which the worker exits with. So:
 
 TCP keepalive on both ends turns a vanished node (no FIN ever arrives) into a closed connection in ~25 s.
 
-Both ends prove they hold the gang's token (TRAINHOOK_GANG_TOKEN, which the webhook gives every pod of the gang
-and nothing else): each sends a random challenge and answers the other's with HMAC-SHA256(token, role + challenge),
-so nothing outside the gang can end a worker, install an agent in it, or pose as a worker. The token never
-crosses the network.
+Both ends prove they hold the gang's key (`gang_token`): each sends a random challenge and answers the other's
+with HMAC-SHA256(key, role + challenge), so nothing outside the gang can end a worker, install an agent in it,
+have it spawn a command, or pose as a worker. The key never crosses the network.
 
 Wire format: one JSON object per line.
   worker -> launcher  {"protocol": "trainhook-mpi/1", "challenge": C1}
@@ -25,6 +25,10 @@ Wire format: one JSON object per line.
   launcher -> worker  {"exit": CODE, "why": TEXT}
   worker -> launcher  {"bye": true}
 The worker installs the rsh agent at PATH (under /etc/mpi only) before it answers.
+
+A spawn (the `gang` transport, mpi_exec): a second connection whose hello carries `"spawn": WORDS` instead of
+the transport/agent fields; the worker answers {"ok": true, "proof": P(C2)} (only while it serves a launcher),
+and from then on both ends speak mpi_exec's binary frames on the same connection.
 """
 
 from __future__ import annotations
@@ -52,9 +56,11 @@ CONTROL_PORT = 29498
 # A worker's exit code when its launcher hung up (or never came): 128 + SIGHUP, "the controlling process went
 # away". 128 and above is retryable (contract section 7): a lost launcher is an eviction or a node loss.
 EXIT_LAUNCHER_LOST = 129
-LINE_LIMIT = 4096
+# A hello carries a spawn's whole command line (OpenMPI's orted line with its -mca options runs to kilobytes).
+LINE_LIMIT = 65536
 HELLO_TIMEOUT = 10.0
-TRANSPORTS = ("kubexec", "ssh", "local")
+TRANSPORTS = ("gang", "kubexec", "ssh", "local")
+DEFAULT_TRANSPORT = "gang"
 AGENT_DIR = PurePosixPath("/etc/mpi")  # the only place a worker writes the agent a launcher asks for
 
 
@@ -187,20 +193,66 @@ def hello(gang: Gang, token: bytes, worker_challenge: str, own_challenge: str, s
             "transport": setup.transport, "agent": setup.agent, "run_dir": setup.run_dir}
 
 
-def judge_hello(gang: Gang, token: bytes, sent_challenge: str, message: dict | None) -> tuple[str, Setup | None]:
-    """('', setup) for a hello from this gang's launcher, else (why it is refused, None)."""
+def spawn_hello(gang: Gang, token: bytes, worker_challenge: str, own_challenge: str, command: str) -> dict:
+    return {"protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
+            "proof": proof(token, "launcher", worker_challenge), "challenge": own_challenge, "spawn": command}
+
+
+def authenticate(gang: Gang, token: bytes, sent_challenge: str, message: dict | None) -> str:
+    """'' when `message` is a hello from a holder of this gang's key, else why it is refused."""
     if not message or message.get("protocol") != PROTOCOL:
-        return "not a trainhook MPI launcher", None
+        return "not a trainhook MPI launcher"
     if (message.get("namespace"), message.get("job")) != (gang.namespace, gang.job_name):
         return (f"launcher of gang {message.get('namespace')}/{message.get('job')}, not "
-                f"{gang.namespace}/{gang.job_name}"), None
+                f"{gang.namespace}/{gang.job_name}")
     if not hmac.compare_digest(str(message.get("proof", "")), proof(token, "launcher", sent_challenge)):
-        return (f"the launcher does not hold this gang's {keys.TH_GANG_TOKEN} (were the pods admitted by "
-                "different webhooks?)"), None
-    setup = Setup(str(message.get("transport") or "kubexec"), str(message.get("agent") or ""),
+        return "the launcher does not hold this gang's key (were the pods admitted by different webhooks?)"
+    return ""
+
+
+def judge_hello(gang: Gang, token: bytes, sent_challenge: str, message: dict | None) -> tuple[str, Setup | None]:
+    """('', setup) for a control hello from this gang's launcher, else (why it is refused, None)."""
+    refusal = authenticate(gang, token, sent_challenge, message)
+    if refusal or message is None:
+        return refusal or "no hello", None
+    setup = Setup(str(message.get("transport") or DEFAULT_TRANSPORT), str(message.get("agent") or ""),
                   str(message.get("run_dir") or ""))
     refusal = check_setup(setup)
     return refusal, (None if refusal else setup)
+
+
+def open_channel(address: str, port: int, timeout: float) -> LineSocket:
+    """A TCP connection to a worker's control port with keepalive on (OSError when it cannot be made)."""
+    sock = socket.create_connection((address, port), timeout=timeout)
+    try:
+        set_keepalive(sock)
+        sock.settimeout(None)
+    except OSError:
+        sock.close()
+        raise
+    return LineSocket(sock)
+
+
+def worker_opening(channel: LineSocket) -> str:
+    """The worker's challenge; ControlError when what answers is not an mpi-worker."""
+    opening = channel.receive(HELLO_TIMEOUT)
+    if not opening or opening.get("protocol") != PROTOCOL or not opening.get("challenge"):
+        raise ControlError("it does not speak the trainhook MPI control protocol (is it running "
+                           "`trainhook-launch mpi-worker`?)")
+    return str(opening["challenge"])
+
+
+def worker_answer(channel: LineSocket, token: bytes, mine: str) -> dict:
+    """The worker's answer to our hello, its proof checked; Refused/ControlError otherwise."""
+    answer = channel.receive(HELLO_TIMEOUT)
+    if answer is None:
+        raise ControlError("it closed the connection without answering" if channel.closed else
+                           f"no answer within {HELLO_TIMEOUT:g}s")
+    if not answer.get("ok"):
+        raise Refused(f"it refused: {answer.get('error', 'no reason given')}")
+    if not hmac.compare_digest(str(answer.get("proof", "")), proof(token, "worker", mine)):
+        raise Refused("it does not hold this gang's key")
+    return answer
 
 
 @dataclass
@@ -231,29 +283,30 @@ class WorkerLink:
 
 def connect(gang: Gang, peer: Peer, port: int, token: bytes, setup: Setup, timeout: float = 3.0) -> WorkerLink:
     """Open the control connection to one worker, authenticated both ways; raises OSError or ControlError."""
-    sock = socket.create_connection((peer.address, port), timeout=timeout)
+    channel = open_channel(peer.address, port, timeout)
     try:
-        set_keepalive(sock)
-        sock.settimeout(None)
-        channel = LineSocket(sock)
-        opening = channel.receive(HELLO_TIMEOUT)
-        if not opening or opening.get("protocol") != PROTOCOL or not opening.get("challenge"):
-            raise ControlError("it does not speak the trainhook MPI control protocol (is it running "
-                               "`trainhook-launch mpi-worker`?)")
-        mine = challenge()
-        channel.send(hello(gang, token, str(opening["challenge"]), mine, setup))
-        answer = channel.receive(HELLO_TIMEOUT)
-        if answer is None:
-            raise ControlError("it closed the connection without answering" if channel.closed else
-                               f"no answer within {HELLO_TIMEOUT:g}s")
-        if not answer.get("ok"):
-            raise Refused(f"it refused: {answer.get('error', 'no reason given')}")
-        if not hmac.compare_digest(str(answer.get("proof", "")), proof(token, "worker", mine)):
-            raise Refused(f"it does not hold this gang's {keys.TH_GANG_TOKEN}")
+        theirs, mine = worker_opening(channel), challenge()
+        channel.send(hello(gang, token, theirs, mine, setup))
+        answer = worker_answer(channel, token, mine)
         slots = answer.get("slots")
         if not isinstance(slots, int) or slots < 1:
             raise ControlError(f"it reported no usable slot count ({slots!r})")
         return WorkerLink(peer, channel, slots)
     except BaseException:
-        sock.close()
+        channel.close()
+        raise
+
+
+def connect_spawn(gang: Gang, address: str, port: int, token: bytes, command: str,
+                  timeout: float = 3.0) -> LineSocket:
+    """A spawn connection to the worker at `address`, authenticated both ways and accepted; what follows on it is
+    mpi_exec's frames. Raises OSError or ControlError (Refused when the worker said no)."""
+    channel = open_channel(address, port, timeout)
+    try:
+        theirs, mine = worker_opening(channel), challenge()
+        channel.send(spawn_hello(gang, token, theirs, mine, command))
+        worker_answer(channel, token, mine)
+        return channel
+    except BaseException:
+        channel.close()
         raise

@@ -7,7 +7,10 @@
 3. It writes the hostfile (one line per worker, in index order, with the slots each worker reported; worker 0
    itself first when it is the launcher) and the rsh agent script, at the paths the webhook's variables name
    (/etc/mpi/hostfile, /etc/mpi/kubexec.sh). The agent calls `trainhook-launch kubexec` with the transport
-   chosen here: TRAINHOOK_MPI_TRANSPORT, else `local` in a `trainhook local` run, else `kubexec`.
+   chosen here: TRAINHOOK_MPI_TRANSPORT, else `gang`. For `gang` it serves the agents' doorway (mpi_exec) while
+   mpirun runs: the agents get authenticated connections to the workers' mpi-worker, never the gang's key, which
+   this process fetches once (mpi_control.gang_token) and keeps in memory. OpenMPI is told not to tree-spawn
+   (plm_rsh_no_tree_spawn: only the launcher's pod has a doorway), so mpirun starts every daemon itself.
 4. It runs the MPI command: CMD itself when CMD starts with mpirun/mpiexec (the user's flags kept, ours inserted
    after the program name), else `mpirun -np <total slots> CMD` (OpenMPI), `mpiexec -n <total> CMD` (MPICH,
    Intel). Added: `--allow-run-as-root` for OpenMPI as root; `-localhost <own address>` for Hydra (MPICH, Intel),
@@ -22,6 +25,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shlex
@@ -39,7 +43,7 @@ from trainhook import keys
 from trainhook.launcher import ending
 from trainhook.launcher import kubexec as kubexec_module
 from trainhook.launcher import mpi_control as control
-from trainhook.launcher import mpi_worker
+from trainhook.launcher import mpi_exec, mpi_worker
 from trainhook.launcher import wiring as mpi
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
 from trainhook.launcher.lifecycle import read_settings
@@ -98,9 +102,15 @@ def write_file(path: Path, text: str, mode: int) -> None:
                           f"{mpi.CONFIG_MOUNT_PATH} in MPI pods; is the pod labeled and admitted?)") from e
 
 
-def launch_env(env: Mapping[str, str], implementation: str, slots: int, hostfile: Path, agent: Path) -> dict[str, str]:
+OMPI_NO_TREE_SPAWN = "OMPI_MCA_plm_rsh_no_tree_spawn"
+
+
+def launch_env(env: Mapping[str, str], implementation: str, slots: int, hostfile: Path, agent: Path,
+               transport: str = control.DEFAULT_TRANSPORT) -> dict[str, str]:
     """mpirun's environment: ours, plus the implementation's variables where the webhook's are missing."""
     out = dict(env)
+    if implementation == mpi.OPENMPI and transport == "gang":
+        out.setdefault(OMPI_NO_TREE_SPAWN, "1")  # daemons that start daemons would need a doorway of their own
     for name, value in mpi.launcher_env(implementation, slots, gpus=1):  # GPU visibility is not ours to change
         out.setdefault(name, value)
     hostfile_var, agent_var, _ = mpi.FILE_VARIABLES[implementation]
@@ -213,7 +223,8 @@ class Watch:
         self.thread.join(timeout=2)
 
 
-def run_mpi(argv: Sequence[str], env: Mapping[str, str], links: Sequence[control.WorkerLink]) -> tuple[int, bool]:
+def run_mpi(argv: Sequence[str], env: Mapping[str, str], links: Sequence[control.WorkerLink],
+            doorway: mpi_exec.Doorway | None = None) -> tuple[int, bool]:
     """Run mpirun with signals forwarded and the workers watched; (exit code, whether a worker was lost)."""
     stopping = threading.Event()
     forward = SignalForwarder()
@@ -228,7 +239,7 @@ def run_mpi(argv: Sequence[str], env: Mapping[str, str], links: Sequence[control
         timer.start()
 
     watch = Watch(links, stop)
-    with forward:
+    with forward, (doorway or contextlib.nullcontext()):
         try:
             try:
                 child = subprocess.Popen(list(argv), env=dict(env))
@@ -271,7 +282,8 @@ def launch(gang: Gang, env: Mapping[str, str], cmd: Sequence[str]) -> int:
     say(f"{implementation}, {transport} transport: reaching {len(remote)} worker(s) on port {port}")
     setup = control.Setup(transport, str(agent_path), str(run_dir or ""))
     started = time.monotonic()
-    links, errors = reach_workers(gang, remote, port, gang.wait_timeout, control.gang_token(env), setup)
+    key = control.gang_token(env)  # once: kept in this process's memory, handed to no child
+    links, errors = reach_workers(gang, remote, port, gang.wait_timeout, key, setup)
     missing = [w for w in remote if w.rank not in links]
     if missing:
         detail = "; ".join(f"{w}: {errors.get(w.rank, 'not reached')}" for w in missing[:8])
@@ -286,16 +298,22 @@ def launch(gang: Gang, env: Mapping[str, str], cmd: Sequence[str]) -> int:
     hosts = [(w.address, slots[w.rank]) for w in workers]
     try:
         write_file(hostfile_path, mpi.hostfile(hosts, implementation), 0o644)
-        write_file(agent_path, kubexec_module.agent_script(transport, run_dir), 0o755)
+        doorway_path = mpi_exec.doorway_path(agent_path) if transport == "gang" else None
+        write_file(agent_path, kubexec_module.agent_script(transport, run_dir, doorway_path), 0o755)
         total = sum(count for _, count in hosts)
         argv = build_command(cmd, implementation, total, gang.address, os.geteuid() == 0, env.get("PATH"))
     except ConfigError as e:
         tell_workers(ordered, EXIT_SETUP_FAILED, f"the launcher could not start: {e}")
         raise
-    child_env = launch_env(env, implementation, own_slots, hostfile_path, agent_path)
+    child_env = launch_env(env, implementation, own_slots, hostfile_path, agent_path, transport)
+    doorway = mpi_exec.Doorway(gang, key, port, doorway_path, say) if doorway_path is not None else None
     say(f"hostfile {hostfile_path}: {', '.join(f'{a} ({n})' for a, n in hosts)}")
     say(f"running: {shlex.join(argv)}")
-    code, lost = run_mpi(argv, child_env, ordered)
+    try:
+        code, lost = run_mpi(argv, child_env, ordered, doorway)
+    except OSError as e:  # the doorway could not be opened
+        tell_workers(ordered, EXIT_SETUP_FAILED, f"the launcher could not start: {e}")
+        raise ConfigError(f"cannot serve the rsh agents' doorway {doorway_path}: {e.strerror or e}") from e
     if lost:
         say(f"{argv[0]} exited with {code} after a worker went away; exiting {EXIT_WORKER_LOST}")
         code = EXIT_WORKER_LOST

@@ -1,34 +1,34 @@
 """`trainhook-launch mpi-worker [-- CMD ARGS]`: keep an MPI worker pod up for its launcher, then end with it.
 
-A worker pod's container has nothing of its own to run: mpirun's daemons are started in it from outside (through
-the exec API, ssh or the local transport). This command keeps the container alive while they are needed and
-no longer: it listens on the control port (mpi_control), answers the launcher's hello with this pod's slots,
-and exits with the outcome the launcher sends at the end (0 when the training succeeded). It exits
+A worker pod's container has nothing of its own to run: mpirun's daemons are started in it from outside (by this
+very process for the default `gang` transport, else through the exec API, ssh or the local transport). This
+command keeps the container alive while they are needed and no longer: it listens on the control port
+(mpi_control; the listener is mpi_doorman's Doorman), answers the launcher's hello with this pod's slots, runs
+the launcher's authenticated spawn requests (mpi_spawn), and exits with the outcome the launcher sends at the
+end (0 when the training succeeded). It exits
 EXIT_LAUNCHER_LOST (129) when the launcher's connection closes without an outcome, or when no launcher has come
 within TRAINHOOK_WAIT_TIMEOUT, so no worker outlives its launcher.
 
 CMD, when given, runs beside it for the worker's lifetime: the ssh transport's sshd (`-- /usr/sbin/sshd -De`),
 as mpi-operator v2 workers run it. CMD is stopped (SIGTERM, then SIGKILL) when the worker ends; if it exits
 first, the worker fails with its code. SIGTERM/SIGINT end the worker with 128+N. As a container's PID 1 it reaps
-the orphans the daemons leave behind.
+the orphans the daemons leave behind (handing the spawned commands' statuses to mpi_spawn.Children). Whatever it
+spawned is killed when it ends.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import select
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 from typing import Mapping, Sequence
 
-from trainhook.launcher import kubexec
 from trainhook.launcher import mpi_control as control
+from trainhook.launcher.mpi_doorman import Doorman, install_agent  # noqa: F401  (install_agent: re-exported)
+from trainhook.launcher.mpi_spawn import Children
 from trainhook.launcher.gang import ConfigError, Gang
 from trainhook.launcher.run import exit_code
 from trainhook.launcher.wait import listen
@@ -53,10 +53,11 @@ def own_slots(env: Mapping[str, str]) -> int:
 class Service:
     """CMD run beside the worker (e.g. sshd); its exit status is collected here, also when we are PID 1."""
 
-    def __init__(self, argv: Sequence[str]):
+    def __init__(self, argv: Sequence[str], children: Children | None = None):
         self.argv = list(argv)
         self.proc: subprocess.Popen[bytes] | None = None
         self.status: int | None = None
+        self.children = children or Children()
 
     def start(self) -> None:
         if self.argv:
@@ -79,6 +80,8 @@ class Service:
                 self.proc.returncode = self.status
                 if not everything:
                     return
+            else:
+                self.children.deliver(pid, status)
 
     def stop(self) -> None:
         if self.proc is None or self.status is not None:
@@ -111,10 +114,11 @@ def serve(gang: Gang, env: Mapping[str, str], command: Sequence[str] = ()) -> in
         received.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    service = Service(command)
-    doorman = Doorman(gang, slots, control.gang_token(env))
+    children = Children()
+    pid1 = children.reaps_all = os.getpid() == 1
+    service = Service(command, children)
+    doorman = Doorman(gang, slots, control.gang_token(env), say, children, env)
     launcher: control.LineSocket | None = None
-    pid1 = os.getpid() == 1
     deadline = time.monotonic() + gang.wait_timeout
     say(f"{gang.me} waiting for the launcher on port {port} ({slots} slot{'s' if slots != 1 else ''})")
     try:
@@ -154,75 +158,8 @@ def serve(gang: Gang, env: Mapping[str, str], command: Sequence[str] = ()) -> in
         if launcher is not None:
             launcher.close()
         server.close()
+        children.stop_all()
         service.stop()
-
-
-class Doorman:
-    """Runs each incoming connection's handshake in its own thread (a connection that never says hello holds
-    up nobody) and hands the main loop the first authenticated launcher; later ones are refused."""
-
-    def __init__(self, gang: Gang, slots: int, token: bytes):
-        self.gang, self.slots, self.token = gang, slots, token
-        self.lock = threading.Lock()
-        self.claimed = False
-        self.ready: queue.Queue[control.LineSocket] = queue.Queue()
-
-    def admit(self, server: socket.socket) -> None:
-        try:
-            sock, (host, *_) = server.accept()
-        except OSError:
-            return
-        threading.Thread(target=self.handshake, args=(sock, host), daemon=True).start()
-
-    def attached(self) -> control.LineSocket | None:
-        try:
-            return self.ready.get_nowait()
-        except queue.Empty:
-            return None
-
-    def handshake(self, sock: socket.socket, host: str) -> None:
-        control.set_keepalive(sock)
-        channel = control.LineSocket(sock)
-        try:
-            mine = control.challenge()
-            channel.send({"protocol": control.PROTOCOL, "challenge": mine})
-            message = channel.receive(control.HELLO_TIMEOUT)
-            refusal, setup = control.judge_hello(self.gang, self.token, mine, message)
-            if not refusal:
-                with self.lock:
-                    refusal = "this worker already serves a launcher" if self.claimed else ""
-                    self.claimed = self.claimed or not refusal
-                if not refusal and setup is not None:
-                    refusal = install_agent(setup)
-                    if refusal:
-                        with self.lock:
-                            self.claimed = False
-            if refusal:
-                channel.send({"ok": False, "error": refusal})
-                channel.close()
-                say(f"refused a connection from {host}: {refusal}")
-                return
-            channel.send({"ok": True, "slots": self.slots,
-                          "proof": control.proof(self.token, "worker", str((message or {}).get("challenge", "")))})
-        except (OSError, control.ControlError) as e:
-            channel.close()
-            say(f"dropped a connection from {host}: {e}")
-            return
-        say(f"launcher connected from {host}")
-        self.ready.put(channel)
-
-
-def install_agent(setup: control.Setup) -> str:
-    """Install the launcher's rsh agent here too ('' when done, else why not): OpenMPI's orted checks that the
-    plm_rsh_agent it is given exists before it starts, on every node."""
-    if not setup.agent:
-        return ""
-    try:
-        kubexec.install_agent(Path(setup.agent), setup.transport, Path(setup.run_dir) if setup.run_dir else None)
-    except OSError as e:
-        return (f"cannot write the rsh agent {setup.agent} in this worker: {e.strerror or e} (trainhook's webhook "
-                "mounts an emptyDir at /etc/mpi in MPI pods; is the pod labeled and admitted?)")
-    return ""
 
 
 def read_outcome(launcher: control.LineSocket) -> int | None:

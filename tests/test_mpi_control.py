@@ -2,8 +2,9 @@
 own client code (mpi_control.connect, mpi_launch.run_mpi) on the other end, over TCP on this machine.
 
 What it guarantees: a worker exits with the launcher's outcome, or 129 when its launcher hangs up or never comes
-(no worker outlives its launcher); only a holder of the gang's token can attach or end it; a launcher stops
-mpirun at once when a worker goes away."""
+(no worker outlives its launcher); only a holder of the gang's key can attach or end it; a launcher stops
+mpirun at once when a worker goes away. The worker gets the key as a pod does, from a notary over HTTPS with its
+identity token (tests/mpi_notary.py); nothing in its environment is the key."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 
 import pytest
 
+from mpi_notary import MemberNotary
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_launch
 from trainhook.launcher.gang import Peer, parse_gang
@@ -26,6 +28,16 @@ SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NA
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
          "TRAINHOOK_SUBDOMAIN": "pi"}
 NO_AGENT = control.Setup("kubexec", "")
+NOTARY: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def notary(tmp_path_factory):
+    """The gang's notary, answering every worker of these tests with TOKEN as the key."""
+    served = MemberNotary(tmp_path_factory.mktemp("notary"), "team-a", "pi", TOKEN.encode())
+    NOTARY.update(served.env())
+    yield served
+    served.close()
 
 
 def free_port() -> int:
@@ -38,7 +50,7 @@ def gang_env(role: str, port: int, **more: str) -> dict[str, str]:
     """A Job's pod (restartPolicy Never): the worker exits once the gang is done."""
     return {"PATH": os.environ["PATH"], **SHAPE, "TRAINHOOK_ROLE": role, "TRAINHOOK_INDEX": "0",
             "TRAINHOOK_RANK": "0" if role == "launcher" else "1", "TRAINHOOK_PORT": str(port),
-            "TRAINHOOK_WAIT_TIMEOUT": "30", "TRAINHOOK_GANG_TOKEN": TOKEN, "TRAINHOOK_MPI_SLOTS": "3",
+            "TRAINHOOK_WAIT_TIMEOUT": "30", "TRAINHOOK_MPI_SLOTS": "3", **NOTARY,
             "TRAINHOOK_WORKLOAD": "Job/pi-worker", "TRAINHOOK_RESTART_POLICY": "Never", **more}
 
 
@@ -116,9 +128,9 @@ def test_a_worker_whose_launcher_never_comes_exits_129_at_its_deadline():
     assert "no launcher connected within 1s" in output
 
 
-def test_only_a_holder_of_the_gangs_token_can_attach():
+def test_only_a_holder_of_the_gangs_key_can_attach():
     worker = Worker()
-    with pytest.raises(control.Refused, match="does not hold this gang's TRAINHOOK_GANG_TOKEN"):
+    with pytest.raises(control.Refused, match="does not hold this gang's key"):
         worker.connect(token="b" * 64)
     link = worker.connect()  # the worker is still waiting for its real launcher
     link.tell_exit(0, "done")

@@ -1,6 +1,8 @@
 """Real MPI across `trainhook local` pods: every pod in its own network namespace, the real webhook, OpenMPI
 (Debian's openmpi-bin) and MPICH (Debian's mpich) with mpi4py, mpirun's daemons started in the worker pods
-through the rsh agent (the local transport, found by the launcher itself) or through ssh to a real sshd.
+through the rsh agent: the default `gang` transport (each worker's own mpi-worker spawns the daemon, asked over
+the gang's authenticated port: no exec API, no sshd), the `local` transport (the runner's `kubectl exec`), or
+ssh to a real sshd.
 
 mpi4py's wheel carries both ABIs and, unless MPI4PY_MPIABI says which, takes whatever `libmpi.so` is; the
 launcher sets it from the gang's implementation. Debian names MPICH's library libmpich.so.12 where upstream
@@ -115,7 +117,7 @@ def test_openmpi_allreduce_across_three_job_pods_where_pod_0_launches(tmp_path):
     codes = exit_codes(done.stdout)
     assert len(codes) == 3 and set(codes.values()) == {0}
     launcher = log(run_dir, "allreduce-0")
-    assert "OpenMPI, local transport" in launcher  # found by the launcher itself, from its /etc/hosts mount
+    assert "OpenMPI, gang transport" in launcher  # the default: the workers' own mpi-worker starts the daemons
     assert "allreduce over 3 ranks on 3 hosts (allreduce-0, allreduce-1, allreduce-2): sum=6 expected=6" in launcher
     assert "mpi library: Open MPI v4" in launcher
     assert ("running: mpirun.openmpi --allow-run-as-root -x MPI4PY_MPIABI -np 3 python /workspace/allreduce.py"
@@ -127,6 +129,20 @@ def test_openmpi_allreduce_across_three_job_pods_where_pod_0_launches(tmp_path):
         text = log(run_dir, worker)
         assert "not the launcher: serving as a worker" in text
         assert "launcher finished: mpirun.openmpi exited with 0; exiting 0" in text
+    # The agent never held the key: it was handed a connection through the launcher's private doorway.
+    agent = (hostfile.parent / "kubexec.sh").read_text()
+    assert "kubexec --transport gang --doorway /etc/mpi/.trainhook-doorway/doorway.sock" in agent
+
+
+def test_the_local_transport_stays_selectable(tmp_path):
+    docs = documents(EXAMPLES / "allreduce.yaml")
+    for _, c in containers(docs):
+        c.setdefault("env", []).append({"name": "TRAINHOOK_MPI_TRANSPORT", "value": "local"})
+    done, run_dir = local(write(docs, tmp_path / "allreduce-local.yaml"), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    launcher = log(run_dir, "allreduce-0")
+    assert "OpenMPI, local transport" in launcher  # its run directory found from the pod's /etc/hosts mount
+    assert "allreduce over 3 ranks on 3 hosts (allreduce-0, allreduce-1, allreduce-2): sum=6 expected=6" in launcher
 
 
 def test_openmpi_data_parallel_sgd_with_a_launcher_and_two_workers_of_two_slots(tmp_path):
@@ -148,7 +164,7 @@ def test_openmpi_data_parallel_sgd_with_a_launcher_and_two_workers_of_two_slots(
     assert hostfile == "sgd-worker-0.sgd slots=2\nsgd-worker-1.sgd slots=2\n"
     for worker_pod in (run_dir / "pods").glob("sgd-worker-*"):
         agent = (worker_pod / "volumes" / "mpi-job-config" / "kubexec.sh").read_text()
-        assert f"kubexec --transport local --run-dir {run_dir}" in agent  # installed for OpenMPI's orted check
+        assert "kubexec --transport gang --doorway" in agent  # installed for OpenMPI's orted check
 
 
 def test_mpich_allreduce_on_one_statefulset_through_hydra_with_its_own_hostfile_format(tmp_path):
@@ -169,6 +185,7 @@ def test_mpich_allreduce_on_one_statefulset_through_hydra_with_its_own_hostfile_
             in launcher)
     assert "allreduce over 3 ranks on 3 hosts (allreduce-0, allreduce-1, allreduce-2): sum=6 expected=6" in launcher
     assert "mpi library: MPICH Version:" in launcher
+    assert "MPICH, gang transport" in launcher  # Hydra's proxies started by the workers' own mpi-worker
     hostfile = run_dir / "pods" / "allreduce-0" / "volumes" / "mpi-job-config" / "hostfile"
     assert hostfile.read_text() == "allreduce-0.allreduce:1\nallreduce-1.allreduce:1\nallreduce-2.allreduce:1\n"
 
