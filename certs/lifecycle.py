@@ -8,13 +8,17 @@ The Secret holds four keys:
 
 `decide(data, hostnames, now)` says what to do with it, in this order:
 1. `create`: the CA part is missing or unusable (absent, not PEM, key and certificate disagree, expired):
-   a new CA and a new serving pair.
+   a new CA and a new serving pair. The CAs the API server trusts today (`trusted`, read from the caBundle, and
+   what is left of the old bundle) stay in the new bundle behind the new CA: a replica that has not synced yet
+   still serves a certificate from one of them (the Secret was deleted, say) and must not fail closed.
 2. `rotate-ca`: the signer has less than a third of its validity left. A new CA becomes the signer and goes
    first in the bundle; the old CA stays in the bundle, and the serving pair it issued stays in use.
 3. `rotate-serving`: the serving pair is missing, unusable, issued by a CA outside the bundle, has less than
    a third of its validity left, or its SANs are not the wanted ones; or it was issued by an older CA and the
    signer has been trusted by the API server (every webhook's caBundle) for at least `Policy.propagation`.
-4. `prune`: a CA other than the signer has expired; it leaves the bundle.
+4. `prune`: a CA other than the signer has expired, or is retired: the serving pair is the signer's and has been
+   in the Secret for `Policy.retirement`, time for every replica to have synced and to serve it (each syncs about
+   once a minute). It leaves the bundle, so a CA whose key was lost (or leaked) is not trusted for years.
 5. `keep`.
 
 Two replicas that decide at once decide the same; the Secret's resourceVersion lets only one of them write.
@@ -54,6 +58,9 @@ class Policy:
     # How long a new CA must have been trusted by the API server before serving certificates switch to it:
     # time for every API server instance to pick up the new caBundle.
     propagation: dt.timedelta = dt.timedelta(minutes=5)
+    # How long the signer's serving pair must have been in the Secret before the other CAs (which issued what
+    # replicas served before) leave the bundle: several sync intervals, so every replica serves the new pair.
+    retirement: dt.timedelta = dt.timedelta(minutes=5)
 
     def __post_init__(self) -> None:
         if not 0 < self.renew_fraction < 1:
@@ -214,8 +221,8 @@ def decide(data: Mapping[str, bytes] | None, hostnames: Sequence[str], now: dt.d
     try:
         authority = parse_authority(data, now)
     except Unusable as e:
-        return Decision(Action.CREATE, f"the CA is unusable: {e}" if data else "no certificates yet",
-                        fresh_data(hostnames, now, policy))
+        return _create(f"the CA is unusable: {e}" if data else "no certificates yet", data, hostnames, now,
+                       policy, trusted)
     signer = KeyPair(authority.signer.public_bytes(serialization.Encoding.PEM), authority.signer_key_pem)
 
     if remaining_fraction(authority.signer, now) < policy.renew_fraction:
@@ -239,11 +246,47 @@ def decide(data: Mapping[str, bytes] | None, hostnames: Sequence[str], now: dt.d
         return _rotate_serving("the serving certificate moves to the new CA, which the API server now trusts",
                                authority, signer, hostnames, now, policy)
 
-    expired = [ca for ca in authority.bundle if ca.not_valid_after_utc <= now and ca is not authority.signer]
-    if expired:
-        kept = [ca for ca in authority.bundle if ca not in expired]
-        return Decision(Action.PRUNE, f"{len(expired)} expired CA(s) leave the bundle", {**data, CA_FILE: _pem(kept)})
+    others = [ca for ca in authority.bundle if ca is not authority.signer]
+    expired = [ca for ca in others if ca.not_valid_after_utc <= now]
+    retired = [] if not issued_by(leaf, authority.signer) or _age(leaf, now) < policy.retirement else others
+    gone = [ca for ca in others if ca in expired or ca in retired]
+    if gone:
+        kept = [ca for ca in authority.bundle if ca not in gone]
+        why = (f"{len(retired)} CA(s) retired: every replica serves the signer's pair by now" if retired
+               else f"{len(expired)} expired CA(s) leave the bundle")
+        return Decision(Action.PRUNE, why, {**data, CA_FILE: _pem(kept)})
     return Decision(Action.KEEP, "valid", data)
+
+
+def _is_ca(cert: x509.Certificate) -> bool:
+    try:
+        return cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        return False
+
+
+def _age(cert: x509.Certificate, now: dt.datetime) -> dt.timedelta:
+    """How long ago we issued `cert` (its NotBefore is backdated by CLOCK_SKEW)."""
+    return now - (cert.not_valid_before_utc + CLOCK_SKEW)
+
+
+def _create(reason: str, data: Mapping[str, bytes], hostnames: Sequence[str], now: dt.datetime, policy: Policy,
+            trusted: Iterable[x509.Certificate] | None) -> Decision:
+    """A new CA and serving pair; the CAs trusted today stay behind the new one (until retired), so the replicas
+    still serving a certificate they issued keep being trusted while they catch up."""
+    fresh = fresh_data(hostnames, now, policy)
+    try:
+        left = pem_certificates(data.get(CA_FILE) or b"")
+    except Unusable:
+        left = []
+    carried, seen = [], {fingerprint(c) for c in pem_certificates(fresh[CA_FILE])}
+    for ca in _unexpired([*(trusted or []), *left], now):
+        if fingerprint(ca) not in seen and _is_ca(ca):
+            seen.add(fingerprint(ca))
+            carried.append(ca)
+    if carried:
+        reason += f"; the {len(carried)} CA(s) trusted until now stay in the bundle until every replica moved"
+    return Decision(Action.CREATE, reason, {**fresh, CA_FILE: fresh[CA_FILE] + _pem(carried)})
 
 
 def _unexpired(cas: Iterable[x509.Certificate], now: dt.datetime) -> list[x509.Certificate]:

@@ -190,22 +190,48 @@ def test_the_serving_pair_moves_to_the_new_ca_only_once_the_api_server_has_trust
     moved = decide(rotated, HOSTS, later, trusted=[new_ca, old_ca])
     assert moved.action is Action.ROTATE_SERVING and "new CA" in moved.reason
     assert lifecycle.issued_by(leaf(moved.data), new_ca)
-    assert bundle(moved.data) == [new_ca, old_ca]  # overlap: the old CA stays until it expires
+    assert bundle(moved.data) == [new_ca, old_ca]  # overlap: replicas still serving the old pair stay trusted
     assert decide(moved.data, HOSTS, later, trusted=[new_ca, old_ca]).action is Action.KEEP
 
-    # Years on, the serving pair has been renewed under the new CA; then the old CA expires and leaves.
-    renewed = decide(moved.data, HOSTS, old_ca.not_valid_after_utc - 30 * DAY, trusted=[new_ca, old_ca])
-    assert renewed.action is Action.ROTATE_SERVING and bundle(renewed.data) == [new_ca, old_ca]
-    pruned = decide(renewed.data, HOSTS, old_ca.not_valid_after_utc + DAY, trusted=[new_ca, old_ca])
-    assert pruned.action is Action.PRUNE
+    # Once the new pair has been in the Secret long enough for every replica to serve it, the old CA leaves.
+    retired_at = later + Policy().retirement
+    assert decide(moved.data, HOSTS, retired_at - dt.timedelta(seconds=1), trusted=[new_ca, old_ca]).action \
+        is Action.KEEP
+    pruned = decide(moved.data, HOSTS, retired_at, trusted=[new_ca, old_ca])
+    assert pruned.action is Action.PRUNE and "retired" in pruned.reason
     assert bundle(pruned.data) == [new_ca]
-    assert pruned.data[CERT_FILE] == renewed.data[CERT_FILE]
+    assert pruned.data[CERT_FILE] == moved.data[CERT_FILE]
+
+
+def test_a_deleted_secret_gets_a_new_ca_and_the_cas_the_api_server_trusts_stay_until_every_replica_moved(fresh):
+    """The Secret is deleted (or its CA is unusable) while replicas serve the old pair: the new bundle holds the
+    new CA and the CAs every caBundle trusts today, so those replicas are not refused before they sync."""
+    old_ca = signer(fresh)
+    now = T0 + DAY
+    for data in (None, {**fresh, CA_KEY_FILE: b"lost"}):
+        recreated = decide(data, HOSTS, now, trusted=[old_ca])
+        assert recreated.action is Action.CREATE and "stay in the bundle" in recreated.reason
+        new_ca = signer(recreated.data)
+        assert bundle(recreated.data) == [new_ca, old_ca]
+        assert lifecycle.issued_by(leaf(recreated.data), new_ca)
+        # The old pair (what a replica that has not synced yet serves) verifies against the new bundle.
+        assert lifecycle.issued_by_any(leaf(fresh), bundle(recreated.data))
+        trusted = bundle(recreated.data)
+        assert decide(recreated.data, HOSTS, now + Policy().retirement - dt.timedelta(seconds=1),
+                      trusted=trusted).action is Action.KEEP
+        pruned = decide(recreated.data, HOSTS, now + Policy().retirement, trusted=trusted)
+        assert pruned.action is Action.PRUNE and bundle(pruned.data) == [new_ca]
+    # A stranger's certificate that is no CA, or an expired CA, is not carried over.
+    stranger_leaf = leaf(fresh)
+    expired = build_ca("expired", T0 - 11 * YEAR, days=365)
+    carried = decide(None, HOSTS, now, trusted=[stranger_leaf, *x509.load_pem_x509_certificates(expired.cert_pem)])
+    assert len(bundle(carried.data)) == 1
 
 
 def test_twelve_years_of_syncs_never_serve_a_chain_the_api_server_does_not_already_trust():
     """Syncs every 3 days for twelve years, the caBundle published after each (as the manager does): at every
     step the served chain is valid, and (after the first) issued by a CA the caBundle held *before* the step.
-    The CA rotates once, its predecessor is pruned once it expires."""
+    The CA rotates once, its predecessor is pruned once every replica serves the new CA's pair."""
     data, published, actions = None, [], []
     now = T0
     while now < T0 + 12 * YEAR:

@@ -120,8 +120,10 @@ def release(control_plane, k8s_namespace):
     manifests = render_chart({"fullnameOverride": fullname}, k8s_namespace)
     ours = [m for m in manifests if m["kind"] in WEBHOOK_RBAC
             and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"]
-    # one of each for the certificates, and the scale check's ClusterRole and binding (reading StatefulSets)
-    assert sorted(m["kind"] for m in ours) == sorted(WEBHOOK_RBAC + ("ClusterRole", "ClusterRoleBinding"))
+    # one of each for the certificates, the gang key's Role and binding (its one Secret), and the scale check's
+    # ClusterRole and binding (reading StatefulSets)
+    assert sorted(m["kind"] for m in ours) == sorted(WEBHOOK_RBAC + ("Role", "RoleBinding", "ClusterRole",
+                                                                     "ClusterRoleBinding"))
     port = free_port()
     with control_plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
@@ -322,9 +324,10 @@ class WebhookProcess:
     """`trainhook-webhook` started with the chart's own args and environment (plus what a pod would get from the
     downward API), authenticated as the chart's ServiceAccount through a kubeconfig holding its token."""
 
-    def __init__(self, release: Release, workdir: Path):
+    def __init__(self, release: Release, workdir: Path, url: str | None = None, sync_interval: float = 1):
         deployment = find(release.manifests, "Deployment")
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        workdir.mkdir(parents=True, exist_ok=True)
         kubeconfig = workdir / "kubeconfig"
         kubeconfig.write_text(json.dumps(cluster.kubeconfig_dict(release.cp.host, release.cp.ca_pem,
                                                                  "webhook", token=release.token)))
@@ -333,11 +336,12 @@ class WebhookProcess:
         env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
         env.update(TRAINHOOK_WEBHOOK_NAMESPACE=release.namespace, TRAINHOOK_WEBHOOK_POD_NAME="webhook-0",
                    KUBECONFIG=str(kubeconfig))
-        port = release.url.rsplit(":", 1)[1]
+        self.url, self.release = url or release.url, release
+        port = self.url.rsplit(":", 1)[1]
         command = [os.path.join(os.path.dirname(sys.executable), container["command"][0]), *container["args"],
                    "--host", HOST, "--port", port, "--cert-dir", str(workdir / "certs"), "--extra-sans", HOST,
-                   "--cert-sync-interval", "1", "--tls-reload-interval", "0.2"]
-        self.url, self.release = release.url, release
+                   "--cert-sync-interval", str(sync_interval), "--tls-reload-interval", "0.2"]
+
         self.log_file = workdir / "webhook.log"
         self.ca_file = workdir / "ca.crt"
         self.process = subprocess.Popen(command, env=env, stdout=self.log_file.open("wb"), stderr=subprocess.STDOUT)

@@ -1,6 +1,7 @@
-"""The webhook keeps the launcher ConfigMap on a real API server (v1.20), as the chart's ServiceAccount and with
-only the Role the chart gives it in the training namespaces: created once, left alone while it is right, put back
-when changed, and a namespace it may not write to is named and left to the init container."""
+"""The webhook keeps the launcher ConfigMap on a real API server (v1.20, with its garbage collector), as the chart's
+ServiceAccount with only the chart's launcher ClusterRole: created immutable and owned by that ClusterRole, left
+alone while it is right, an impostor under its name replaced, a namespace that does not exist yet served once it
+does, old versions removed once no pod mounts them, and everything gone when the ClusterRole is (helm uninstall)."""
 
 from __future__ import annotations
 
@@ -10,56 +11,150 @@ import uuid
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from chart_render import find, find_all, render_chart
 from conftest_cluster import control_plane, k8s_namespace, wait_for_service_account_token  # noqa: F401
+from helpers import wait_for
 from trainhook.launcher import deliver
 from trainhook.webhook import launcher_configmap as lcm
 
 pytestmark = pytest.mark.cluster
 
 
-def test_the_webhook_keeps_the_launcher_configmap_with_only_the_charts_role(control_plane, k8s_namespace):
-    fullname = f"th-{uuid.uuid4().hex[:8]}"
-    manifests = render_chart({"fullnameOverride": fullname, "trainingNamespaces": [k8s_namespace]}, k8s_namespace)
-    roles = [m for m in find_all(manifests, "Role") + find_all(manifests, "RoleBinding")
-             if m["metadata"]["labels"]["app.kubernetes.io/component"] == "launcher"]
-    assert sorted(m["kind"] for m in roles) == ["Role", "RoleBinding"]
-    zip_bytes, shim = lcm.content()
-    name = lcm.configmap_name(zip_bytes, shim)
+@pytest.fixture
+def launcher_rbac(control_plane, k8s_namespace):
+    """The chart's launcher ClusterRole and binding for a release in `k8s_namespace`, with a namespace in
+    trainingNamespaces that does not exist (yet); yields (manifests, token, missing namespace)."""
+    fullname, missing = f"th-{uuid.uuid4().hex[:8]}", f"later-{uuid.uuid4().hex[:8]}"
+    manifests = render_chart({"fullnameOverride": fullname, "trainingNamespaces": [k8s_namespace, missing]},
+                             k8s_namespace)
+    ours = [m for m in manifests if m["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "launcher"]
+    assert sorted(m["kind"] for m in ours) == ["ClusterRole", "ClusterRoleBinding"]  # no Role in a namespace
     with control_plane.api_client() as admin_client:
         admin, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
         admin.create_namespaced_service_account(k8s_namespace, find(manifests, "ServiceAccount"))
-        rbac.create_namespaced_role(k8s_namespace, find(roles, "Role"))
-        rbac.create_namespaced_role_binding(k8s_namespace, find(roles, "RoleBinding"))
+        rbac.create_cluster_role(find(ours, "ClusterRole"))
+        rbac.create_cluster_role_binding(find(ours, "ClusterRoleBinding"))
         token = wait_for_service_account_token(admin_client, k8s_namespace,
                                                find(manifests, "ServiceAccount")["metadata"]["name"])
-        said: list[str] = []
-        with control_plane.token_client(token) as webhook_client:
-            core = client.CoreV1Api(webhook_client)
-            # kube-system: a namespace the chart gave it no Role in.
-            done = lcm.publish(core, [k8s_namespace, "kube-system"], name, zip_bytes, shim, said.append)
-            assert done == frozenset({k8s_namespace})
-            assert len(said) == 1 and "kube-system" in said[0] and "403" in said[0] and "init container" in said[0]
+        try:
+            yield manifests, token, missing
+        finally:
+            for delete, name in [(rbac.delete_cluster_role_binding, f"{fullname}-launcher"),
+                                 (rbac.delete_cluster_role, f"{fullname}-launcher"),
+                                 (admin.delete_namespace, missing)]:
+                try:
+                    delete(name)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
 
-            stored = admin.read_namespaced_config_map(name, k8s_namespace)
-            assert base64.b64decode(stored.binary_data["launcher.pyz"]) == deliver.build_zip()
-            assert stored.data == {"trainhook-launch": deliver.SHIM}
-            assert stored.metadata.labels["app.kubernetes.io/managed-by"] == "trainhook-webhook"
 
-            # Right as it is: not written again (a replica's periodic look costs one GET).
-            assert lcm.publish(core, [k8s_namespace], name, zip_bytes, shim, said.append) == {k8s_namespace}
-            assert admin.read_namespaced_config_map(name, k8s_namespace).metadata.resource_version == \
-                stored.metadata.resource_version
-            # Changed by someone: put back.
-            admin.patch_namespaced_config_map(name, k8s_namespace, {"data": {"trainhook-launch": "#!/bin/sh\n"}})
-            assert lcm.publish(core, [k8s_namespace], name, zip_bytes, shim, said.append) == {k8s_namespace}
-            assert admin.read_namespaced_config_map(name, k8s_namespace).data == {"trainhook-launch": deliver.SHIM}
-            # Deleted by someone: created again.
-            admin.delete_namespaced_config_map(name, k8s_namespace)
-            assert lcm.publish(core, [k8s_namespace], name, zip_bytes, shim, said.append) == {k8s_namespace}
-            assert admin.read_namespaced_config_map(name, k8s_namespace).data == {"trainhook-launch": deliver.SHIM}
-            assert len(said) == 1
+def webhook_keeper(control_plane, token, namespaces, manifests, said, shim=deliver.SHIM) -> lcm.Keeper:
+    api = control_plane.token_client(token)
+    owner = find(manifests, "ClusterRole", f"{find(manifests, 'Deployment')['metadata']['name']}-launcher")
+    env = {e["name"]: e.get("value") for e in
+           find(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["TRAINHOOK_WEBHOOK_LAUNCHER_OWNER"] == owner["metadata"]["name"]
+    return lcm.Keeper(client.CoreV1Api(api), namespaces, deliver.build_zip(), shim,
+                      owner=owner["metadata"]["name"], rbac_api=client.RbacAuthorizationV1Api(api), say=said.append)
+
+
+def test_the_webhook_keeps_an_immutable_owned_configmap_and_replaces_an_impostor(control_plane, k8s_namespace,
+                                                                                 launcher_rbac):
+    manifests, token, missing = launcher_rbac
+    said: list[str] = []
+    keeper = webhook_keeper(control_plane, token, [k8s_namespace, missing], manifests, said)
+    name = keeper.name
+    assert name == lcm.configmap_name(*lcm.content())  # named by the content's hash
+    with control_plane.api_client() as admin_client:
+        admin, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
+        # A namespace of trainingNamespaces that does not exist yet: named, left to the init container.
+        assert keeper.round() == frozenset({k8s_namespace})
+        assert len(said) == 1 and missing in said[0] and "404" in said[0] and "init container" in said[0]
+
+        stored = admin.read_namespaced_config_map(name, k8s_namespace)
+        assert stored.immutable is True
+        assert base64.b64decode(stored.binary_data["launcher.pyz"]) == deliver.build_zip()
+        assert stored.data == {"trainhook-launch": deliver.SHIM}
+        assert stored.metadata.labels["app.kubernetes.io/managed-by"] == "trainhook-webhook"
+        [ref] = stored.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid) == ("ClusterRole", keeper.owner,
+                                                 rbac.read_cluster_role(keeper.owner).metadata.uid)
+
+        # Right as it is: not written again (a replica's look costs a GET and a LIST).
+        assert keeper.round() == {k8s_namespace}
+        assert admin.read_namespaced_config_map(name, k8s_namespace).metadata.resource_version == \
+            stored.metadata.resource_version
+        # Nobody can edit it, not even an admin: it is immutable.
+        with pytest.raises(ApiException) as refused:
+            admin.patch_namespaced_config_map(name, k8s_namespace, {"data": {"trainhook-launch": "#!/bin/sh\nevil\n"}})
+        assert refused.value.status == 422 and "immutable" in refused.value.body
+        # The attack left: delete it and create one's own under our name (immutable, our labels, even our owner).
+        admin.delete_namespaced_config_map(name, k8s_namespace)
+        impostor = lcm.configmap(name, k8s_namespace, deliver.build_zip(), "#!/bin/sh\necho evil\n")
+        impostor["metadata"]["ownerReferences"] = [{"apiVersion": ref.api_version, "kind": ref.kind, "name": ref.name,
+                                                    "uid": ref.uid}]
+        admin.create_namespaced_config_map(k8s_namespace, impostor)
+        assert keeper.round() == {k8s_namespace}
+        assert any("content is not the launcher its name promises" in line for line in said)
+        restored = admin.read_namespaced_config_map(name, k8s_namespace)
+        assert restored.data == {"trainhook-launch": deliver.SHIM} and restored.immutable is True
+        # A mutable one under our name (what the webhook wrote before it made them immutable) is replaced too.
+        admin.delete_namespaced_config_map(name, k8s_namespace)
+        mutable = lcm.configmap(name, k8s_namespace, deliver.build_zip(), deliver.SHIM)
+        del mutable["immutable"]
+        admin.create_namespaced_config_map(k8s_namespace, mutable)
+        assert keeper.round() == {k8s_namespace}
+        assert admin.read_namespaced_config_map(name, k8s_namespace).immutable is True
+
+        # The namespace is created after the install: served at the next round.
+        admin.create_namespace({"metadata": {"name": missing}})
+        assert keeper.round() == {k8s_namespace, missing}
+        assert admin.read_namespaced_config_map(name, missing).immutable is True
+
+
+def test_old_versions_go_once_no_pod_mounts_them_and_helm_uninstall_leaves_none(control_plane, k8s_namespace,
+                                                                               launcher_rbac):
+    manifests, token, _ = launcher_rbac
+    said: list[str] = []
+    old = webhook_keeper(control_plane, token, [k8s_namespace], manifests, said, shim=deliver.SHIM + "# v1\n")
+    new = webhook_keeper(control_plane, token, [k8s_namespace], manifests, said)
+    assert old.name != new.name
+    with control_plane.api_client() as admin_client:
+        admin = client.CoreV1Api(admin_client)
+        assert old.round() == {k8s_namespace}  # the previous version's webhook
+        # Not ours to remove: another release's (another owner), and a ConfigMap of the team's own.
+        someone_elses = lcm.configmap(lcm.PREFIX + "0123456789ab", k8s_namespace, b"x", "y")
+        someone_elses["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace", "name": "default",
+                                                         "uid": admin.read_namespace("default").metadata.uid}]
+        admin.create_namespaced_config_map(k8s_namespace, someone_elses)
+        admin.create_namespaced_config_map(k8s_namespace, {"metadata": {"name": "team-config"}, "data": {"a": "b"}})
+        # A gang pod admitted by the previous version, still waiting to start, mounts the old one.
+        admin.create_namespaced_pod(k8s_namespace, {
+            "metadata": {"name": "waiting", "labels": {"trainhook.dev/framework": "pytorch"}},
+            "spec": {"containers": [{"name": "c", "image": "x"}], "volumes": [lcm.volume(old.name)]}})
+
+        def names() -> set[str]:
+            return {c.metadata.name for c in admin.list_namespaced_config_map(k8s_namespace).items}
+
+        for _ in range(3):
+            assert new.round() == {k8s_namespace}
+        assert {old.name, new.name, someone_elses["metadata"]["name"], "team-config"} <= names()
+        admin.delete_namespaced_pod("waiting", k8s_namespace, grace_period_seconds=0)
+        wait_for("the pod to be gone", lambda: not admin.list_namespaced_pod(k8s_namespace).items)
+        new.round()  # unmounted at one look: kept (a pod may be on its way)
+        assert old.name in names()
+        new.round()  # and at the next: removed
+        assert old.name not in names()
+        assert {new.name, someone_elses["metadata"]["name"], "team-config"} <= names()
+
+        # helm uninstall deletes the release's ClusterRole: the garbage collector deletes the launcher ConfigMaps.
+        client.RbacAuthorizationV1Api(admin_client).delete_cluster_role(new.owner)
+        wait_for("the garbage collector to remove the launcher ConfigMap", lambda: new.name not in names(),
+                 timeout=60)
+        assert {someone_elses["metadata"]["name"], "team-config"} <= names()
 
 
 def test_the_server_turns_ready_once_written_and_then_admits_with_the_configmap(control_plane, k8s_namespace,
