@@ -1,0 +1,230 @@
+"""Gang start at scale on the real node (issue 26): bare gangs of 2 to 64 pods, trainhook against hand-wired, in
+both of trainhook's delivery paths, with the DNS queries each gang cost and the kubelet's own timestamps.
+
+bench/node_start.py measures torch gangs of up to 8 pods, where 2N torch imports on 2 cores hide the start itself.
+Here the ranks run plain Python (print the time, sleep: `--workload bare` of node_start.py), so what is measured is
+the start: scheduling, sandboxes, containers, and trainhook's webhook, launcher and gang wait. Three variants, in
+an order that rotates every round so a change of the machine's load falls on all alike:
+- `configmap`: trainhook in `default`, one of the chart's trainingNamespaces: the launcher from the webhook's
+  ConfigMap, no init container, the launcher's barrier (every member joins rank 0's coordinator) is the gang wait;
+- `init`: trainhook in a namespace outside them (`bench-init`): the gang-wait init container delivers the launcher
+  and waits (launcher/wait.py), then the barrier;
+- `by-hand`: the same StatefulSet unlabeled, its variables written by hand: no webhook, no launcher, no wait.
+The pods request 10m CPU and 16Mi (64 of them fit the 2-core node; hack/node_config.py's maxPods is 250).
+
+Per round: "apply -> the last rank printed" (each rank prints time.time(): one clock for the node and this
+process), the DNS queries whose name contains the gang's name (hack/cluster_dns.py counts them), and, from the
+pods' status, the kubelet's timestamps (seconds): the last pod created, scheduled, its init container finished,
+its training container started. Results: bench/results/node_start_scale_<size>.json, one file per size, so the
+sizes can be run one at a time (the node is shared: hold its lock a size at a time), and `--summary` reads them all.
+
+    python bench/node_start_scale.py --sizes 8 --rounds 3      (root; starts the node if it is not up)
+    python bench/node_start_scale.py --summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import node_start  # noqa: E402  (bench/ is not a package)
+
+VARIANTS = ("configmap", "init", "by-hand")
+NAMESPACES = {"configmap": "default", "init": "bench-init", "by-hand": "default"}
+OUT = ROOT / "bench" / "results"
+
+
+def load_hack(name: str):
+    spec = importlib.util.spec_from_file_location(f"trainhook_hack_{name}", ROOT / "hack" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+cluster_dns, node_config = load_hack("cluster_dns"), load_hack("node_config")
+
+
+def gang(variant: str, name: str, size: int, image: str) -> list[dict]:
+    """node_start's bare gang (trainhook-labeled or wired by hand), with tiny requests."""
+    docs = node_start.manifests("by-hand" if variant == "by-hand" else "trainhook", name, size, image, "bare")
+    for doc in docs:
+        if doc["kind"] == "StatefulSet":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                container["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}}
+    return docs
+
+
+def seconds(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def kubelet_times(pods: list[dict], start: float) -> dict:
+    """The last pod's moment of each step, in seconds after `start` (the API's timestamps have 1 s resolution)."""
+    steps: dict[str, list[float]] = {"created": [], "scheduled": [], "init_finished": [], "trainer_started": []}
+    for pod in pods:
+        steps["created"].append(seconds(pod["metadata"].get("creationTimestamp")))
+        scheduled = [c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"]
+        steps["scheduled"].append(seconds(scheduled[0].get("lastTransitionTime")) if scheduled else None)
+        for status in pod["status"].get("initContainerStatuses") or []:
+            steps["init_finished"].append(seconds((status["state"].get("terminated") or {}).get("finishedAt")))
+        for status in pod["status"].get("containerStatuses") or []:
+            steps["trainer_started"].append(seconds((status["state"].get("running") or {}).get("startedAt")))
+    return {key: round(max(v for v in values if v is not None) - start, 1) if any(v is not None for v in values)
+            else None for key, values in steps.items()}
+
+
+def pods_of(node: node_start.Node, namespace: str, name: str) -> list[dict]:
+    return json.loads(node.kubectl("get", "pods", "-n", namespace, "-l", f"app={name}", "-o", "json",
+                                   check=False) or '{"items": []}')["items"]
+
+
+def one_round(node: node_start.Node, variant: str, size: int, timeout: float = 300) -> dict:
+    namespace = NAMESPACES[variant]
+    name = f"sc-{variant[:4]}-{size}-{uuid.uuid4().hex[:4]}"
+    docs = gang(variant, name, size, node.images["torch"])
+    start = time.time()
+    node.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                      "items": docs}))
+    printed: dict[int, float] = {}
+    try:
+        deadline = time.monotonic() + timeout
+        while len(printed) < size:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: only {len(printed)} of {size} ranks printed in {timeout:.0f}s")
+            time.sleep(1.0)
+            pods = pods_of(node, namespace, name)
+            running = {p["metadata"]["name"] for p in pods
+                       if any("running" in s["state"] for s in p["status"].get("containerStatuses") or [])}
+            for i in range(size):  # a pod's log is read once its container runs, until its line is there
+                if i not in printed and f"{name}-{i}" in running:
+                    log = node.kubectl("logs", "-n", namespace, f"{name}-{i}", "-c", "trainer", check=False)
+                    for match in node_start.GANGSTART.findall(log):
+                        printed[int(match[0])] = float(match[3])
+        time.sleep(2.0)  # the launchers' last lookups land (the bare ranks resolve nothing)
+        queries = cluster_dns.query_counts(node_config.host_ip(), 53, containing=name)
+        pods = pods_of(node, namespace, name)
+    finally:
+        node_start_delete(node, namespace, name)
+    return {"variant": variant, "size": size, "load_1m": round(os.getloadavg()[0], 2),
+            "to_last_rank_s": round(max(printed.values()) - start, 3),
+            "to_first_rank_s": round(min(printed.values()) - start, 3),
+            "dns_queries": queries["queries"], "dns_nxdomain": queries["nxdomain"],
+            "kubelet": kubelet_times(pods, start)}
+
+
+def node_start_delete(node: node_start.Node, namespace: str, name: str) -> None:
+    node.kubectl("delete", "-n", namespace, "statefulset,service,configmap", name, f"{name}-script",
+                 "--ignore-not-found", "--wait=false", check=False)
+    node.kubectl("delete", "pods", "-n", namespace, "-l", f"app={name}", "--grace-period=0", "--force",
+                 "--ignore-not-found", check=False)
+    gone_by = time.monotonic() + 180
+    while pods_of(node, namespace, name):
+        if time.monotonic() > gone_by:
+            raise RuntimeError(f"{name}: pods still there 180 s after the delete")
+        time.sleep(1.0)
+
+
+def ensure_namespace(node: node_start.Node, namespace: str) -> None:
+    if namespace == "default" or node.kubectl("get", "namespace", namespace, check=False).strip():
+        return
+    node.kubectl("create", "namespace", namespace)
+    for _ in range(60):  # its default ServiceAccount, which its pods wait for
+        if node.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).strip():
+            return
+        time.sleep(0.5)
+
+
+def summarize(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+            "max": round(max(values), 2), "n": len(values)}
+
+
+def summary(rounds: list[dict]) -> dict:
+    out: dict = {}
+    for size in sorted({r["size"] for r in rounds}):
+        done = [r for r in rounds if r["size"] == size and "failed" not in r]
+        entry: dict = {}
+        for variant in VARIANTS:
+            mine = [r for r in done if r["variant"] == variant]
+            if not mine:
+                continue
+            entry[variant] = {"to_last_rank_s": summarize([r["to_last_rank_s"] for r in mine]),
+                              "dns_queries": summarize([r["dns_queries"] for r in mine]),
+                              "load_1m": summarize([r["load_1m"] for r in mine]),
+                              "kubelet_median": {k: statistics.median(v for v in (r["kubelet"][k] for r in mine)
+                                                                      if v is not None)
+                                                 if any(r["kubelet"][k] is not None for r in mine) else None
+                                                 for k in mine[0]["kubelet"]}}
+        hand = [r for r in done if r["variant"] == "by-hand"]
+        for variant in ("configmap", "init"):
+            mine = [r for r in done if r["variant"] == variant]
+            if mine and hand:
+                entry[variant]["overhead_median_s"] = round(statistics.median(r["to_last_rank_s"] for r in mine)
+                                                            - statistics.median(r["to_last_rank_s"] for r in hand), 2)
+        entry["failed"] = sum(1 for r in rounds if r["size"] == size and "failed" in r)
+        out[str(size)] = entry
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="2,8,32,64")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured first round of each variant")
+    parser.add_argument("--summary", action="store_true", help="only summarize the result files there are")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.summary:
+        rounds = [r for f in sorted(out.glob("node_start_scale_*.json")) for r in json.loads(f.read_text())["rounds"]]
+        print(json.dumps(summary(rounds), indent=1))
+        return 0
+    variants = [v for v in args.variants.split(",") if v]
+    node_mod = node_start.load_node()
+    running, started = node_mod.ensure_up(node_mod.default_state_dir())
+    node = node_start.Node(running)
+    try:
+        node_start.install_chart(node)
+        for namespace in {NAMESPACES[v] for v in variants}:
+            ensure_namespace(node, namespace)
+        for size in [int(s) for s in args.sizes.split(",")]:
+            results = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "rounds": []}
+            if not args.no_warmup:
+                for variant in variants:
+                    one_round(node, variant, size)
+            for r in range(args.rounds):
+                order = variants[r % len(variants):] + variants[:r % len(variants)]  # rotate who goes first
+                for variant in order:
+                    try:
+                        figures = one_round(node, variant, size)
+                    except RuntimeError as e:  # kept, said, not timed
+                        figures = {"variant": variant, "size": size, "failed": str(e)[:2000]}
+                    results["rounds"].append(figures)
+                    print(json.dumps(figures), flush=True)
+            results["summary"] = summary(results["rounds"])
+            print(json.dumps(results["summary"], indent=1), flush=True)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"node_start_scale_{size}.json").write_text(json.dumps(results, indent=1))
+    finally:
+        if started:
+            node_mod.ensure_down(node_mod.default_state_dir())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
