@@ -41,9 +41,14 @@ def test_the_scale_entry_sees_every_statefulsets_scale_update_and_fails_open(def
     assert scale["failurePolicy"] == "Ignore"
     # The same namespaces, service and path as the other entries.
     workloads = hooks["workloads.trainhook.dev"]
-    for key in ("namespaceSelector", "clientConfig", "sideEffects", "admissionReviewVersions", "timeoutSeconds",
-                "matchPolicy"):
+    for key in ("namespaceSelector", "clientConfig", "sideEffects", "admissionReviewVersions", "matchPolicy"):
         assert scale[key] == workloads[key], key
+    # Every scale in the cluster passes here: it waits a few seconds at most, not the 10 s of the others.
+    assert (scale["timeoutSeconds"], workloads["timeoutSeconds"]) == (3, 10)
+
+
+def test_the_scale_entry_never_waits_longer_than_the_others():
+    assert hooks_of(render_chart({"timeoutSeconds": 2}, NAMESPACE))["scale.trainhook.dev"]["timeoutSeconds"] == 2
 
 
 def test_the_webhook_may_only_read_statefulsets_for_it(default):

@@ -8,7 +8,9 @@ watches StatefulSets and answers a scale review from what it already knows.
 Why filtering here: a label selector sees only the StatefulSet's own labels, but trainhook takes a workload's
 framework from the workload or its pod template (docs/contract.md section 2), so every StatefulSet is listed and
 only gangs are kept, each slimmed to what `check_scale` reads (a few labels and annotations and the size): a
-cluster's thousands of unrelated StatefulSets cost one pass over the list, not memory.
+cluster's thousands of unrelated StatefulSets cost one pass over the list, not memory. The list is read in pages
+of PAGE_SIZE (`limit`/`continue`), each slimmed before the next is asked for, so the full list is never held at
+once (10,000 StatefulSets: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ KEPT_ANNOTATIONS = (keys.REPLICAS, keys.ELASTIC)
 # A watch is reopened this often (the API server ends long watches anyway); a failed list is retried after this.
 WATCH_SECONDS = 300
 RETRY_SECONDS = 2.0
+# StatefulSets per page of the list: a page is parsed whole before it is slimmed.
+PAGE_SIZE = 500
+# Seconds one page may take (a hung API connection must not stop the cache for good).
+LIST_TIMEOUT = 60
 
 
 def _pick(mapping: Any, wanted: tuple[str, ...]) -> dict:
@@ -68,8 +74,8 @@ class StatefulSetCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def replace(self, items: list[dict]) -> None:
-        """The result of a list: everything known is what it says."""
+    def replace(self, items) -> None:
+        """The result of a list (any iterable, e.g. pages read one at a time): everything known is what it says."""
         entries = {}
         for item in items:
             kept = slim(item)
@@ -97,11 +103,10 @@ def list_and_watch(cache: StatefulSetCache, api_client, stop: threading.Event) -
     apps = client.AppsV1Api(api_client)
     while not stop.is_set():
         try:
-            response = apps.list_stateful_set_for_all_namespaces(_preload_content=False)
-            listed = json.loads(response.data)
-            cache.replace(listed.get("items") or [])
-            version = (listed.get("metadata") or {}).get("resourceVersion")
-            log.info("statefulsets listed", extra={"gangs": len(cache)})
+            listed: dict = {}
+            cache.replace(list_pages(apps, listed))
+            version = listed.get("resourceVersion")
+            log.info("statefulsets listed", extra={"gangs": len(cache), "listed": listed.get("count")})
             while not stop.is_set():
                 watcher = watch.Watch()
                 for event in watcher.stream(apps.list_stateful_set_for_all_namespaces, resource_version=version,
@@ -118,6 +123,26 @@ def list_and_watch(cache: StatefulSetCache, api_client, stop: threading.Event) -
         except Exception as e:  # noqa: BLE001  any failure (network, 410 Gone, RBAC): say why, list again
             log.warning("statefulset watch interrupted; listing again", extra={"error": str(e)})
             stop.wait(RETRY_SECONDS)
+
+
+def list_pages(apps, listed: dict):
+    """Every StatefulSet, PAGE_SIZE at a time (`limit`/`continue`: one consistent snapshot); fills `listed` with
+    the snapshot's resourceVersion (to watch from) and the count. An expired continue token (410) raises: the
+    caller lists again."""
+    token, listed["count"] = None, 0
+    while True:
+        response = apps.list_stateful_set_for_all_namespaces(limit=PAGE_SIZE, _continue=token, _preload_content=False,
+                                                             _request_timeout=LIST_TIMEOUT)
+        page = json.loads(response.data)
+        metadata = page.get("metadata") or {}
+        listed["resourceVersion"] = metadata.get("resourceVersion")
+        items = page.get("items") or []
+        listed["count"] += len(items)
+        del page, response
+        yield from items
+        token = metadata.get("continue")
+        if not token:
+            return
 
 
 def start_background(cache: StatefulSetCache, api_client) -> tuple[threading.Thread, threading.Event]:
