@@ -14,8 +14,9 @@ Transports (`--transport`, else TRAINHOOK_MPI_TRANSPORT, else `gang`):
   script names it).
 - `kubexec` (an explicit opt-in: it needs an exec grant, which the chart no longer gives): the Kubernetes exec
   API with the pod's ServiceAccount (else a JSON kubeconfig: kube_api), over a websocket with the
-  `v4.channel.k8s.io` protocol (`v5` where the server offers it): every message's first byte is its channel (0 stdin, 1 stdout, 2 stderr, 3 the exit Status); stdin, stdout and stderr are relayed and
-  the exit code comes from the Status. The pod is read first (for its container: the `trainhook.dev/container`
+  `v4.channel.k8s.io` protocol (`v5` where the server offers it): every message's first byte is its channel
+  (0 stdin, 1 stdout, 2 stderr, 3 the exit Status); stdin, stdout and stderr are relayed and the exit code comes
+  from the Status. The pod is read first (for its container: the `trainhook.dev/container`
   annotation, else the first); a pod whose name is not its hostname (a Job's or bare pod) is found by listing
   the gang's pods. Needs `get`/`list` on pods and `create`/`get` on pods/exec for the gang's pods (a Role the user
 binds; docs/frameworks/mpi.md).

@@ -13,6 +13,8 @@ transport (mpi_spawn runs their command). What a hostile client can do is bounde
 - **refusals logged at a bounded rate** (LOG_BURST lines per LOG_WINDOW, then one line counting the rest);
 - **an accept loop that never dies**: a thread that cannot start refuses that connection only, and accept()
   errors (EMFILE: out of file descriptors) back off briefly and go on.
+
+A worker without a key (gang_token answered b"": no notary) spawns nothing: an empty key is one anybody holds.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class Doorman:
                 time.sleep(ACCEPT_BACKOFF)
             return
         host = str(address[0]) if address else "?"
+        host = host[len("::ffff:"):] if host.startswith("::ffff:") and "." in host else host  # IPv4 on a v6 socket
         with self.lock:
             if len(self.pending) >= MAX_PENDING:
                 oldest, oldest_host = self.pending.popitem(last=False)
@@ -192,7 +195,10 @@ class Doorman:
         command = message.get("spawn")
         with self.lock:
             claimed = self.claimed
-        if not isinstance(command, str) or not command.strip():
+        if not self.token:
+            self._refuse(channel, host, "this worker has no gang key (no notary answered it), so it runs nothing "
+                         "for anyone")
+        elif not isinstance(command, str) or not command.strip():
             self._refuse(channel, host, "a spawn request needs a command")
         elif not claimed:
             self._refuse(channel, host, "this worker serves no launcher yet (its control connection comes first)")

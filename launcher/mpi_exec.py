@@ -169,6 +169,10 @@ class Doorway:
             self.say(f"doorway: refused a caller of uid {uid} (only uid {os.getuid()}, mpirun's, is served)")
             return
         request = control.LineSocket(caller).receive(control.HELLO_TIMEOUT)
+        if not self.key:
+            self._answer(caller, {"ok": False, "error": "the launcher has no gang key (no notary answered it): "
+                                  "the workers spawn nothing without one"})
+            return
         host, command = str((request or {}).get("host", "")), (request or {}).get("command")
         if not isinstance(command, str) or not command:
             self._answer(caller, {"ok": False, "error": "no command in the request"})

@@ -270,7 +270,8 @@ def test_the_webhooks_call_the_charts_service_which_reaches_the_servers_port(ren
     for hook in find(manifests, "MutatingWebhookConfiguration")["webhooks"]:
         assert hook["clientConfig"]["service"] == {"name": service["metadata"]["name"], "namespace": NAMESPACE,
                                                    "path": "/mutate", "port": 443}
-    (port,) = service["spec"]["ports"]
+    assert [p["name"] for p in service["spec"]["ports"]] == ["https", "notary"]  # the notary: test_chart_notary.py
+    port = service["spec"]["ports"][0]
     assert port["port"] == 443
     container = webhook_container(manifests)
     (container_port,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
@@ -550,54 +551,8 @@ def test_the_webhook_keeps_the_launcher_configmap_in_the_training_namespaces(ren
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
 
 
-@pytest.mark.parametrize("name", list(VALUE_SETS))
-def test_the_training_cluster_role_grants_exec_statefulset_scale_and_outcome_recording_only(rendered, name):
-    fullname = find(rendered[name], "Deployment")["metadata"]["name"]
-    assert rules_of(rendered[name], "ClusterRole", f"{fullname}-training") == [
-        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-        {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "patch", "update"]},
-        {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "verbs": ["get", "patch", "update"]},
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "patch"]},
-    ]
-
-
-def test_a_default_install_binds_the_training_role_for_the_default_namespaces_service_accounts(rendered):
-    """So that a gang in "default" records its outcome and scales to zero out of the box: least privilege, one
-    RoleBinding in that namespace, to its ServiceAccounts' group, never cluster-wide."""
-    manifests = rendered["self-managed"]
-    assert [b for b in find_all(manifests, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-training")] == []
-    [binding] = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"].endswith("-training")]
-    assert binding["metadata"]["namespace"] == "default"
-    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                                    "name": "system:serviceaccounts:default"}]
-    notes = render_notes({}, NAMESPACE)
-    assert "Bound by this release for every ServiceAccount of (value trainingNamespaces):\n  - default" in notes
-
-
-def test_training_service_accounts_are_bound_in_their_own_namespaces_only(rendered):
-    manifests = rendered["self-managed-full"]
-    assert [b for b in find_all(manifests, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-training")] == []
-    bindings = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"] == "ml-trainhook-training"
-                and b["subjects"][0]["kind"] == "ServiceAccount"]
-    assert sorted((b["metadata"]["namespace"], b["subjects"][0]["name"]) for b in bindings) == sorted(
-        (a["namespace"], a["name"]) for a in FULL["trainingServiceAccounts"])
-    groups = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"] == "ml-trainhook-training"
-              and b["subjects"][0]["kind"] == "Group"]
-    assert sorted(b["metadata"]["namespace"] for b in groups) == sorted(FULL["trainingNamespaces"])
-    for binding in bindings:
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                      "name": "ml-trainhook-training"}
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": binding["subjects"][0]["name"],
-                                        "namespace": binding["metadata"]["namespace"]}]
-
-
-def test_notes_show_how_to_bind_the_training_role():
-    notes = render_notes({"trainingServiceAccounts": [{"namespace": "team-a", "name": "trainer"}]}, NAMESPACE)
-    assert ("kubectl create rolebinding trainhook-training --clusterrole=trainhook-training "
-            "--serviceaccount=my-team:default -n my-team") in notes
-    assert "team-a/trainer" in notes
-    assert "except kube-system, ml-platform" in notes
+# Training pods get no RBAC from the chart (issue 22): tests/test_chart_notary.py checks that nothing is bound to
+# them and what the notary, which records for them, may do.
 
 
 # --- Values that must be refused ---------------------------------------------------------------------------------
@@ -611,8 +566,9 @@ def test_notes_show_how_to_bind_the_training_role():
     pytest.param({"timeoutSeconds": 31}, "/timeoutSeconds", id="timeout-over-30"),
     pytest.param({"tolerations": [{"key": "a", "operator": "Maybe"}]}, "/tolerations/0/operator",
                  id="bad-toleration"),
-    pytest.param({"trainingServiceAccounts": [{"name": "trainer"}]}, "missing property 'namespace'",
-                 id="binding-without-namespace"),
+    pytest.param({"trainingServiceAccounts": [{"namespace": "team-a", "name": "trainer"}]},
+                 "trainingServiceAccounts was removed: training pods need no Kubernetes API permission",
+                 id="training-service-accounts-removed"),
     pytest.param({"certificates": {"mode": "secret", "caBundle": CA_PEM}},
                  "certificates.secretName is required with certificates.mode=secret", id="secret-without-name"),
     pytest.param({"certificates": {"mode": "secret", "secretName": "user-tls"}},
