@@ -66,11 +66,6 @@ app.kubernetes.io/component: webhook
 {{- include "trainhook.fullname" . }}
 {{- end }}
 
-{{/* The ClusterRole training pods' ServiceAccounts are bound to. */}}
-{{- define "trainhook.trainingRoleName" -}}
-{{- printf "%s-training" (include "trainhook.fullname" .) }}
-{{- end }}
-
 {{/*
 The certificate mode, checked (the schema checks it too; this keeps templates honest if the schema is skipped).
 */}}
