@@ -11,6 +11,9 @@ Each volume's directory has the mode a kubelet gives it, not this machine's umas
 
 from __future__ import annotations
 
+import hashlib
+import json
+import secrets
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -92,13 +95,40 @@ def prepare_volumes(pod: dict, pod_dir: Path, claims_dir: Path, sources: Sources
             path = claims_dir / namespace / claim
             path.mkdir(parents=True, exist_ok=True)
             volumes[name] = Volume(path, bool(spec["persistentVolumeClaim"].get("readOnly")))
+        elif "projected" in spec:
+            volumes[name] = Volume(_projected_tokens(spec["projected"] or {}, pod, root, what), True)
         elif "hostPath" in spec:
             volumes[name] = Volume(Path(spec["hostPath"].get("path", "")), False)
         else:
             kinds = sorted(set(spec) - {"name"})
             raise EnvError(f"{what}: {', '.join(kinds) or 'no source'} is not supported locally "
-                           "(emptyDir, configMap, secret, persistentVolumeClaim and hostPath are)")
+                           "(emptyDir, configMap, secret, persistentVolumeClaim, hostPath and projected "
+                           "serviceAccountToken are)")
     return volumes
+
+
+def _projected_tokens(projected: dict, pod: dict, root: Path, what: str) -> Path:
+    """A projected volume of serviceAccountToken sources, as the kubelet writes it: here a random token per pod
+    and source (the runner plays the API server that would issue it), recorded in RUN_DIR/notary/tokens under its
+    SHA-256 with the pod it names, for the local notary authority (webhook/notary_local.py)."""
+    root.mkdir(parents=True, exist_ok=True)
+    meta = pod["metadata"]
+    for source in projected.get("sources") or []:
+        token_source = source.get("serviceAccountToken")
+        if token_source is None:
+            raise EnvError(f"{what}: projected sources other than serviceAccountToken are not supported locally")
+        token = secrets.token_urlsafe(32)
+        target = root / _safe_relative(token_source.get("path", ""), f"{what} serviceAccountToken path")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(token)
+        target.chmod(0o644)
+        record = {"namespace": meta["namespace"], "pod": meta["name"], "uid": meta.get("uid", ""),
+                  "serviceAccount": (pod.get("spec") or {}).get("serviceAccountName") or "default",
+                  "audience": token_source.get("audience") or "api"}
+        tokens = root.parent.parent.parent.parent / "notary" / "tokens"  # RUN_DIR/pods/POD/volumes/NAME
+        tokens.mkdir(parents=True, exist_ok=True)
+        (tokens / hashlib.sha256(token.encode()).hexdigest()).write_text(json.dumps(record))
+    return root
 
 
 def container_mounts(container: dict, volumes: dict[str, Volume]) -> list[Mount]:
