@@ -122,8 +122,9 @@ def release(control_plane, k8s_namespace):
             and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"]
     # one of each for the certificates, the gang key's Role and binding (its one Secret), and the scale check's
     # ClusterRole and binding (reading StatefulSets)
-    assert sorted(m["kind"] for m in ours) == sorted(WEBHOOK_RBAC + ("Role", "RoleBinding", "ClusterRole",
-                                                                     "ClusterRoleBinding"))
+    names = {(m["kind"], m["metadata"]["name"]) for m in ours}
+    assert {("Role", f"{fullname}-certs"), ("RoleBinding", f"{fullname}-certs"), ("Role", f"{fullname}-gang-key"),
+            ("ClusterRole", f"{fullname}-webhook-config"), ("ServiceAccount", fullname)} <= names
     port = free_port()
     with control_plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
@@ -336,6 +337,8 @@ class WebhookProcess:
         env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
         env.update(TRAINHOOK_WEBHOOK_NAMESPACE=release.namespace, TRAINHOOK_WEBHOOK_POD_NAME="webhook-0",
                    KUBECONFIG=str(kubeconfig))
+        if "TRAINHOOK_WEBHOOK_NOTARY_PORT" in env:  # the notary's listener: a free port, not the chart's 8444
+            env["TRAINHOOK_WEBHOOK_NOTARY_PORT"] = str(free_port())
         self.url, self.release = url or release.url, release
         port = self.url.rsplit(":", 1)[1]
         command = [os.path.join(os.path.dirname(sys.executable), container["command"][0]), *container["args"],

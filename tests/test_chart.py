@@ -286,8 +286,9 @@ def test_self_managed_leaves_the_ca_bundle_to_the_webhook(rendered, name):
     config = find(rendered[name], "MutatingWebhookConfiguration")
     assert all("caBundle" not in hook["clientConfig"] for hook in config["webhooks"])
     assert "cert-manager.io/inject-ca-from" not in config["metadata"].get("annotations", {})
-    secret_volume = find_secret_volume(rendered[name])
-    assert secret_volume["optional"] is True  # the webhook creates it at its first start
+    # The webhook reads its Secret (which holds the CA key) through the API: it is never mounted
+    # (tests/test_chart_lifecycle.py checks every mode).
+    assert not [v for v in find(rendered[name], "Deployment")["spec"]["template"]["spec"]["volumes"] if "secret" in v]
 
 
 @pytest.mark.parametrize("name", value_sets("cert-manager"))
@@ -430,7 +431,10 @@ def test_the_servers_own_argument_parser_reads_what_the_chart_sets(rendered, nam
     for variable, value in literal_env(container).items():
         monkeypatch.setenv(variable, value)
     args = server.parse_args(container["args"])
-    assert (args.tls_cert, args.tls_key, args.port) == ("/tls/tls.crt", "/tls/tls.key", 9443)
+    # self-managed serves what it keeps in its Secret from --cert-dir: no mounted files
+    assert (args.tls_cert, args.tls_key, args.port) == (None, None, 9443)
+    assert args.certs.cert_dir == "/tmp/trainhook-certs"
+    assert args.gang_key_secret == f"{find(rendered[name], 'Deployment')['metadata']['name']}-gang-key"
     launcher = values["launcherImage"]
     expected_launcher = f"{launcher['repository']}:{launcher['tag'] or '0.1.0'}"
     assert args.settings.launcher_image == expected_launcher
@@ -451,7 +455,11 @@ def test_the_certificate_settings_name_the_objects_the_chart_renders(rendered, n
     container = webhook_container(manifests)
     env = literal_env(container)
     assert env["TRAINHOOK_WEBHOOK_CERT_MODE"] == MODE_OF[name]
-    assert env["TRAINHOOK_WEBHOOK_SECRET_NAME"] == find_secret_volume(manifests)["secretName"]
+    if MODE_OF[name] == "self-managed":  # read through the API (never mounted): the one Secret its Role names
+        certs_role = rules_of(manifests, "Role", f"{find(manifests, 'Deployment')['metadata']['name']}-certs")
+        assert env["TRAINHOOK_WEBHOOK_SECRET_NAME"] == certs_role[1]["resourceNames"][0]
+    else:
+        assert env["TRAINHOOK_WEBHOOK_SECRET_NAME"] == find_secret_volume(manifests)["secretName"]
     assert env["TRAINHOOK_WEBHOOK_WEBHOOK_CONFIG_NAME"] == find(manifests, "MutatingWebhookConfiguration")[
         "metadata"]["name"]
     assert env["TRAINHOOK_WEBHOOK_SERVICE_NAME"] == find(manifests, "Service")["metadata"]["name"]
@@ -487,14 +495,17 @@ def test_no_role_grants_a_wildcard(rendered, name):
             for field in ("verbs", "resources", "apiGroups", "resourceNames"):
                 assert not any("*" in item for item in rule.get(field, [])), (role["metadata"]["name"], rule)
             assert "nonResourceURLs" not in rule
-            assert not {"escalate", "bind", "impersonate", "delete", "deletecollection"} & set(rule["verbs"])
+            forbidden = {"escalate", "bind", "impersonate", "deletecollection", "delete"}
+            if role["metadata"]["name"].endswith("-launcher") and rule["resources"] == ["configmaps"]:
+                forbidden.discard("delete")  # old versions of its own launcher ConfigMaps (tests/test_chart_lifecycle)
+            assert not forbidden & set(rule["verbs"]), (role["metadata"]["name"], rule)
 
 
 @pytest.mark.parametrize("name", value_sets("self-managed"))
 def test_self_managed_may_touch_only_its_own_secret_and_its_own_webhook_configuration(rendered, name):
     manifests = rendered[name]
     fullname = find(manifests, "Deployment")["metadata"]["name"]
-    secret = find_secret_volume(manifests)["secretName"]
+    secret = literal_env(webhook_container(manifests))["TRAINHOOK_WEBHOOK_SECRET_NAME"]
     config = find(manifests, "MutatingWebhookConfiguration")["metadata"]["name"]
     assert rules_of(manifests, "Role", f"{fullname}-certs") == [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},  # create cannot name its object
@@ -516,26 +527,25 @@ def test_self_managed_may_touch_only_its_own_secret_and_its_own_webhook_configur
 def test_other_modes_give_the_webhook_api_access_for_the_launcher_configmaps_only(rendered, name):
     manifests = rendered[name]
     webhook_roles = [m for m in manifests if m["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
-                     and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
-                     and not m["metadata"]["name"].endswith("-notary")]  # the notary's: tests/test_chart_notary.py
-    # Besides the launcher ConfigMaps, only the scale check's reading of StatefulSets (tests/test_scale_chart.py).
-    assert [(m["kind"], m["metadata"]["name"]) for m in webhook_roles] == [
-        ("ClusterRole", f"{find(manifests, 'Deployment')['metadata']['name']}-statefulsets"),
-        ("ClusterRoleBinding", f"{find(manifests, 'Deployment')['metadata']['name']}-statefulsets")]
+                     and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"]
     fullname = find(manifests, "Deployment")["metadata"]["name"]
-    roles = find_all(manifests, "Role")
-    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(set(FULL["trainingNamespaces"]) if "full" in
-                                                                        name else {"default"})
-    for role in roles:
-        assert role["metadata"]["name"] == f"{fullname}-launcher"
-        assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}]
+    # Besides the launcher ConfigMaps, the gang key's one Secret (templates/gang-key.yaml) and the scale check's
+    # reading of StatefulSets (tests/test_scale_chart.py).
+    assert {(m["kind"], m["metadata"]["name"]) for m in webhook_roles} >= {
+        ("Role", f"{fullname}-gang-key"), ("RoleBinding", f"{fullname}-gang-key"),
+        ("ClusterRole", f"{fullname}-statefulsets"), ("ClusterRoleBinding", f"{fullname}-statefulsets")}
+    assert not [m for m in webhook_roles if m["metadata"]["name"] == f"{fullname}-certs"]
+    # The launcher ConfigMaps: one ClusterRole (training namespaces may not exist yet), no Role in any namespace.
+    assert [r["metadata"]["name"] for r in find_all(manifests, "Role")
+            if r["metadata"]["labels"]["app.kubernetes.io/component"] == "launcher"] == []
+    assert rules_of(manifests, "ClusterRole", f"{fullname}-launcher")[0] == {
+        "apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "list", "delete"]}
     assert find(manifests, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
-    # Without launcherConfigMap and scaleCheck, only the notary's API access (it records for gangs): no Role.
+    # Without launcherConfigMap and scaleCheck: neither role; the token stays (the gang key is read through the API).
     off = render_chart({"launcherConfigMap": False, "scaleCheck": False, **SECRET_MODE},
                        NAMESPACE)
-    assert find_all(off, "Role") == [] and [r["metadata"]["name"] for r in find_all(off, "ClusterRole")
-                                         if r["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"] == [
-        f"{fullname}-notary"] and find(off, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"]
+    names = {r["metadata"]["name"] for r in find_all(off, "ClusterRole") + find_all(off, "Role")}
+    assert not {"trainhook-launcher", "trainhook-statefulsets"} & names and "trainhook-gang-key" in names
     env = {e["name"] for e in find(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES" not in env
 
@@ -546,10 +556,12 @@ def test_the_webhook_keeps_the_launcher_configmap_in_the_training_namespaces(ren
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES"] == ",".join(FULL["trainingNamespaces"])
     account = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    bindings = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"].endswith("-launcher")]
-    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(FULL["trainingNamespaces"])
-    for binding in bindings:
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    # One ClusterRoleBinding, no RoleBinding in the training namespaces (which may not exist at install).
+    assert not [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"].endswith("-launcher")]
+    fullname = find(manifests, "Deployment")["metadata"]["name"]
+    binding = find(manifests, "ClusterRoleBinding", f"{fullname}-launcher")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    assert env["TRAINHOOK_WEBHOOK_LAUNCHER_OWNER"] == f"{fullname}-launcher"
 
 
 # Training pods get no RBAC from the chart (issue 22): tests/test_chart_notary.py checks that nothing is bound to
@@ -584,11 +596,11 @@ def test_invalid_values_fail_with_a_message_naming_the_value(values, message):
     assert message in failure.value.stderr
 
 
-def test_every_replica_reads_one_gang_key_from_the_charts_secret():
+def test_the_gang_key_is_never_rendered_the_webhook_keeps_it_in_a_secret_it_names():
+    """Helm renders no key (a `helm template` render would make a new one): tests/test_chart_lifecycle.py."""
     objects = render_chart({})
-    secret = find(objects, "Secret", "trainhook-gang-key")
-    assert len(base64.b64decode(secret["data"]["gang-key"])) == 48
+    assert find_all(objects, "Secret") == []
     container = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in container["env"]}
-    assert env["TRAINHOOK_WEBHOOK_GANG_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "trainhook-gang-key",
-                                                                                "key": "gang-key"}
+    assert env["TRAINHOOK_WEBHOOK_GANG_KEY_SECRET"]["value"] == "trainhook-gang-key"
+    assert "TRAINHOOK_WEBHOOK_GANG_KEY" not in env

@@ -8,7 +8,14 @@ Each replica, every `interval` seconds (jittered), runs `sync()`:
 3. write the serving pair to `cert_dir` (an emptyDir; the root filesystem is read-only), where the server's
    reloader picks it up;
 4. put the Secret's trust bundle into the caBundle of every webhook of the configuration, unless it is there
-   (so a caBundle that something overwrote is put back within one interval).
+   (so a caBundle that something overwrote is put back within one interval);
+5. make the configuration the Secret's owner (ownerReferences; a namespaced object may have a cluster-scoped
+   owner), so `helm uninstall`, which deletes the configuration, lets the garbage collector delete the Secret and
+   its CA key: no CA key outlives the release.
+
+When the Secret is gone (deleted by hand, or by that garbage collector during a reinstall), `decide()` makes a new
+CA and keeps the CAs the caBundle trusts today in the new bundle until every replica serves the new pair
+(certs/lifecycle.py), so replicas still serving the old pair are not refused in between.
 
 The API calls need (and the chart grants only): Secrets `create` in the namespace, `get`/`update` on the one
 Secret, `get`/`patch` on the one MutatingWebhookConfiguration.
@@ -142,6 +149,7 @@ class SelfManagedCerts:
                      extra={"secret": self.secret_name, "action": decision.action.value})
         self._write_files(decision.data)
         patched = self._ensure_ca_bundle(decision.data[CA_FILE])
+        self._ensure_owner()
         return SyncReport(decision.action, decision.reason, decision.changed, patched, conflicts)
 
     # --- the Secret -------------------------------------------------------------------------------------------
@@ -172,6 +180,24 @@ class SelfManagedCerts:
                 # Keys we do not manage (someone else's) are kept.
                 "data": {**(secret.get("data") or {}), **data}}
         _write(self.core.replace_namespaced_secret, self.secret_name, self.namespace, body)
+
+    def _ensure_owner(self) -> None:
+        """Make the webhook configuration the Secret's only owner (it may name a configuration of an earlier
+        install, deleted since: that owner would get the Secret deleted under us). A lost race waits a sync."""
+        config, secret = self._read_config(), self._read_secret()
+        if config is None or secret is None:
+            return
+        owner = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                 "name": self.webhook_config_name, "uid": config["metadata"]["uid"]}
+        refs = secret["metadata"].get("ownerReferences") or []
+        if [(r.get("kind"), r.get("uid")) for r in refs] == [(owner["kind"], owner["uid"])]:
+            return
+        secret["metadata"]["ownerReferences"] = [owner]
+        try:
+            _write(self.core.replace_namespaced_secret, self.secret_name, self.namespace, secret)
+        except Conflict:
+            return
+        log.info("the webhook configuration owns the Secret now", extra={"secret": self.secret_name})
 
     # --- the serving files ------------------------------------------------------------------------------------
 

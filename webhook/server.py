@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainhook.webhook import launcher_configmap, notary
 from trainhook.webhook.connections import BUDGET, RUNNER_ARGS, guard_app, serve_app
+from trainhook.webhook.gang_key import GangKey
 from trainhook.webhook.observability import Metrics, configure_logging
 from trainhook.webhook.review import BadReview, json_bytes, review
 from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client, service_hostnames
@@ -185,9 +186,10 @@ def watch_certificates(app: web.Application, reloader: CertReloader, reload_inte
 
 
 def keep_launcher_configmaps(app: web.Application, api_client, namespaces: tuple[str, ...],
-                            interval: float = 300.0) -> None:
-    """Write the launcher ConfigMap into `namespaces` before turning ready, then again every `interval` (someone
-    may delete one); reviews use it where it was written (webhook/launcher_configmap.py)."""
+                            interval: float = 60.0, owner: str = "") -> None:
+    """Write the launcher ConfigMap into `namespaces` before turning ready, then check it every `interval` (someone
+    may replace it; old versions go); reviews use it where it was written and checked (webhook/launcher_configmap.py).
+    `owner`: the release's ClusterRole that owns them, so that helm uninstall removes them."""
     from kubernetes import client
     zip_bytes, shim = launcher_configmap.content()
     name = launcher_configmap.configmap_name(zip_bytes, shim)
@@ -195,12 +197,14 @@ def keep_launcher_configmaps(app: web.Application, api_client, namespaces: tuple
 
     async def keep(app: web.Application):
         async def loop():
-            core = None  # made once; again only while it could not be made (no API config yet)
+            keeper = None  # made once; again only while it could not be made (no API config yet)
             while True:
                 try:
-                    core = core or client.CoreV1Api(api_client or kube_client())
-                    done = await asyncio.to_thread(launcher_configmap.publish, core, namespaces, name, zip_bytes,
-                                                   shim)
+                    if keeper is None:
+                        api = api_client or kube_client()
+                        keeper = launcher_configmap.Keeper(client.CoreV1Api(api), namespaces, zip_bytes, shim,
+                                                           owner=owner, rbac_api=client.RbacAuthorizationV1Api(api))
+                    done = await asyncio.to_thread(keeper.round)
                 except Exception as e:  # noqa: BLE001  no API at all: serve with the init container, say why
                     log.warning("cannot write the launcher ConfigMaps; pods get the gang-wait init container",
                                 extra={"error": str(e)})
@@ -219,6 +223,22 @@ def keep_launcher_configmaps(app: web.Application, api_client, namespaces: tuple
 
     app.cleanup_ctx.append(keep)
     app[LIFECYCLE].checks.append(lambda: None if published else "the launcher ConfigMaps are not written yet")
+
+
+def keep_gang_key(app: web.Application, keeper: GangKey, interval: float = 30.0) -> None:
+    """Look at the gang key's Secret every `interval` while `app` runs; a key changed there replaces the Settings'
+    (webhook/gang_key.py: the Secret is the truth, so replicas converge within one interval)."""
+    def adopted(key: bytes) -> None:
+        current = app[SETTINGS]
+        current.settings = dataclasses.replace(current.settings, gang_key=key)
+
+    async def background(app: web.Application):
+        job = asyncio.create_task(keeper.keep(interval, adopted))
+        yield
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+
+    app.cleanup_ctx.append(background)
 
 
 def watch_statefulsets(app: web.Application, api_client) -> StatefulSetCache:
@@ -280,6 +300,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gang-key-file", default=None,
                         help="file holding the key gang tokens are derived from; every replica must share it "
                              "(env TRAINHOOK_WEBHOOK_GANG_KEY holds the key itself; the chart keeps it in a Secret)")
+    parser.add_argument("--gang-key-secret", default=os.environ.get("TRAINHOOK_WEBHOOK_GANG_KEY_SECRET", ""),
+                        help="the Secret (in --namespace) holding the gang key: read before serving, created once "
+                             "when missing, looked at again every 30 s (webhook/gang_key.py; env "
+                             "TRAINHOOK_WEBHOOK_GANG_KEY_SECRET, which the chart sets)")
+    parser.add_argument("--no-gang-key-create", dest="gang_key_create", action="store_false",
+                        default=os.environ.get("TRAINHOOK_WEBHOOK_GANG_KEY_CREATE", "true") not in ("0", "false"),
+                        help="only read --gang-key-secret, never create it (env TRAINHOOK_WEBHOOK_GANG_KEY_CREATE="
+                             "false; the chart's gangKey.existingSecret)")
     parser.add_argument("--launcher-namespaces", default=os.environ.get("TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES", ""),
                         help="comma-separated namespaces where the webhook keeps the launcher ConfigMap, so their "
                              "pods start without an init container (env TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES; the "
@@ -324,7 +352,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             gang_key = Path(args.gang_key_file).read_bytes().strip()
         except OSError as e:
             parser.error(f"--gang-key-file: {e}")
-    if not gang_key:
+    if not gang_key and not args.gang_key_secret:  # with a Secret, run() loads the key before serving
         # One process alone (a local run, a test) is consistent with itself; replicas are not: say so.
         gang_key = secrets.token_bytes(32)
         args.gang_key_generated = True
@@ -393,10 +421,27 @@ async def run(args: argparse.Namespace) -> int:
     except (OSError, BadPair) as e:
         print(f"trainhook-webhook: cannot load --tls-cert/--tls-key: {e}", file=sys.stderr)
         return 2
+    keeper = None
+    if args.gang_key_secret:
+        from kubernetes import client
+        if not certs.namespace:
+            print("trainhook-webhook: --gang-key-secret needs --namespace (env TRAINHOOK_WEBHOOK_NAMESPACE), the "
+                  "Secret's namespace", file=sys.stderr)
+            return 2
+        try:
+            keeper = GangKey(client.CoreV1Api(kube_client()), certs.namespace, args.gang_key_secret,
+                             create=args.gang_key_create)
+        except Exception as e:  # noqa: BLE001 - the client's loaders raise several unrelated types
+            print(f"trainhook-webhook: --gang-key-secret: cannot reach the Kubernetes API: {e}", file=sys.stderr)
+            return 2
+        args.settings = dataclasses.replace(args.settings, gang_key=await keeper.start())
     app = create_app(args.settings)
+    if keeper is not None:
+        keep_gang_key(app, keeper)
     watch_certificates(app, reloader, certs.reload_interval, manager, certs.sync_interval)
     if args.launcher_namespaces:
-        keep_launcher_configmaps(app, api_client if manager else None, args.launcher_namespaces)
+        keep_launcher_configmaps(app, api_client if manager else None, args.launcher_namespaces,
+                                 owner=os.environ.get("TRAINHOOK_WEBHOOK_LAUNCHER_OWNER", ""))
     if args.watch_statefulsets:
         try:
             watch_statefulsets(app, api_client if manager else kube_client())
