@@ -175,12 +175,13 @@ def service_account_dir(env: Mapping[str, str]) -> str:
 
 def find_pod(api: kube_api.Client, namespace: str, label: str, env: Mapping[str, str]) -> dict:
     """The pod named `label`, else the gang's pod whose hostname is `label` (Job and bare pods)."""
+    job = env.get(keys.TH_JOB_NAME, "").strip()
     try:
         return api.get(f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(label)}")
     except kube_api.ApiError as e:
-        if e.status != 404:
+        # 403 too when the gang's Role names its pods (resourceNames): a Job pod's name is not its hostname.
+        if e.status != 404 and not (e.status == 403 and job):
             raise
-    job = env.get(keys.TH_JOB_NAME, "").strip()
     query = f"?{urlencode({'labelSelector': f'{keys.JOB_NAME}={job}'})}" if job else ""
     for pod in api.get(f"/api/v1/namespaces/{quote(namespace)}/pods{query}").get("items") or []:
         if ((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"]) == label:

@@ -69,7 +69,7 @@ def test_our_own_options_come_first():
     ([], "kubexec: no host: trainhook-launch kubexec POD -- CMD [ARGS ...]"),
     (["-p"], "kubexec: ssh option -p needs a value"),
     (["w-0"], "kubexec w-0: no command (an interactive shell is not supported)"),
-    (["--transport", "rsh", "w-0", "true"], "kubexec: --transport 'rsh': use one of kubexec, ssh, local"),
+    (["--transport", "rsh", "w-0", "true"], "kubexec: --transport 'rsh': use one of gang, kubexec, ssh, local"),
 ])
 def test_unusable_calls_say_why(argv, message):
     with pytest.raises(ConfigError) as error:
@@ -84,16 +84,19 @@ def test_ssh_gets_the_callers_options_first_so_they_win():
     assert argv[-3:] == ["w-0", "a", "b"]
 
 
-def test_the_transport_comes_from_the_flag_then_the_environment_then_the_local_run(tmp_path):
+def test_the_transport_comes_from_the_flag_then_the_environment_then_the_gang_default(tmp_path):
     assert kubexec.choose_transport("ssh", {"TRAINHOOK_MPI_TRANSPORT": "kubexec"}) == ("ssh", None)
     assert kubexec.choose_transport("", {"TRAINHOOK_MPI_TRANSPORT": "ssh"}) == ("ssh", None)
-    assert kubexec.choose_transport("", {"TRAINHOOK_LOCAL_RUN_DIR": str(tmp_path)}) == ("local", tmp_path)
-    with pytest.raises(ConfigError, match="TRAINHOOK_MPI_TRANSPORT='scp': use one of kubexec, ssh, local"):
+    # Inside a local run too the default is the gang transport; `local` is chosen explicitly.
+    assert kubexec.choose_transport("", {"TRAINHOOK_LOCAL_RUN_DIR": str(tmp_path)}) == ("gang", None)
+    local = {"TRAINHOOK_LOCAL_RUN_DIR": str(tmp_path), "TRAINHOOK_MPI_TRANSPORT": "local"}
+    assert kubexec.choose_transport("", local) == ("local", tmp_path)
+    with pytest.raises(ConfigError, match="TRAINHOOK_MPI_TRANSPORT='scp': use one of gang, kubexec, ssh, local"):
         kubexec.choose_transport("", {"TRAINHOOK_MPI_TRANSPORT": "scp"})
 
 
-def test_outside_a_local_run_the_default_is_kubexec_and_local_is_refused():
-    assert kubexec.choose_transport("", {}) == ("kubexec", None)
+def test_the_default_is_the_gang_transport_and_local_outside_a_local_run_is_refused():
+    assert kubexec.choose_transport("", {}) == ("gang", None)
     with pytest.raises(ConfigError, match="not a pod of a `trainhook local` run"):
         kubexec.choose_transport("local", {})
 
@@ -169,7 +172,10 @@ def test_the_agent_script_calls_kubexec_with_the_chosen_transport(tmp_path):
     done = subprocess.run([str(path), "--transport", "rsh", "w-0", "true"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2
-    assert "--transport 'rsh': use one of kubexec, ssh, local" in done.stderr
+    assert "--transport 'rsh': use one of gang, kubexec, ssh, local" in done.stderr
+    gang = tmp_path / "etc-mpi" / "gang.sh"
+    kubexec.install_agent(gang, "gang", None)  # the gang transport's script names the launcher's doorway
+    assert f"kubexec --transport gang --doorway {gang.parent}/.trainhook-doorway/doorway.sock \"$@\"" in gang.read_text()
 
 
 def test_the_ssh_transport_execs_ssh_with_the_call(tmp_path):
