@@ -42,6 +42,7 @@ from trainhook.launcher.gang import Gang
 from trainhook.launcher.gang_report import DONE, EXITED, IDLE, RUNNING, STOPPED, Record, Report
 from trainhook.launcher.lifecycle import (ACTIVE_DEADLINE_SECONDS, EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED,
                                           FAILED, RESTART_GANG, SUCCEEDED, Outcome, Policy, now_rfc3339, retryable)
+from trainhook.launcher.pending import PendingConnections
 from trainhook.launcher.wait import describe, listen
 
 ASSEMBLING, RUNNING_PHASE, RESTARTING, DONE_PHASE = "assembling", "running", "restarting", "done"
@@ -386,19 +387,39 @@ class Coordinator:
                 self._flush()
 
     def _accept(self) -> None:
+        """Accept until closed, whatever fails (a member restarted later must still find the coordinator);
+        unauthenticated connections are bounded in number and time (launcher/pending.py)."""
         assert self.server is not None
+        self.pending = PendingConnections(self.say)
+        self.pending.watch(self.stopping)
         while not self.stopping.is_set():
             try:
                 sock, address = self.server.accept()
-            except OSError:
-                return
+            except OSError as e:
+                if self.stopping.is_set():
+                    return
+                self.pending.refused("(accept)", f"accept failed: {e}")  # EMFILE and the like: try again
+                time.sleep(0.1)
+                continue
             peer = address[0]
             if peer.startswith("::ffff:"):  # an IPv4 peer of the dual-stack socket, as people write it
                 peer = peer[len("::ffff:"):]
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+            self.pending.add(sock)
+            try:
+                threading.Thread(target=self._serve_pending, args=(sock, peer), daemon=True).start()
+            except RuntimeError as e:  # no thread to be had: this connection only is lost
+                self.pending.done(sock)
+                sock.close()
+                self.pending.refused(peer, f"cannot start a thread for it: {e}")
+
+    def _serve_pending(self, sock: socket.socket, peer: str) -> None:
+        try:
+            self._serve(sock, peer)
+        finally:
+            self.pending.done(sock)
 
     def _refuse(self, sock: socket.socket, peer: str, why: str) -> None:
-        self.say(f"refused a connection from {peer}: {why}")
+        self.pending.refused(peer, why)  # at a bounded rate
         try:
             wire.send_plain(sock, {"error": f"refused: {why}"})
         except OSError:
@@ -425,6 +446,7 @@ class Coordinator:
             report = Report.from_dict(body.get("report"))
             wire_sock.settimeout(None)
             set_keepalive(wire_sock)
+            self.pending.done(wire_sock)  # authenticated: no handshake deadline any more
         except wire.Refused as e:
             self._refuse(wire_sock, peer, str(e))
             return
