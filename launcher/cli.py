@@ -75,10 +75,11 @@ KUBEXEC_HELP = """\
 The rsh agent mpirun starts its remote daemons with (the webhook points OMPI_MCA_plm_rsh_agent,
 I_MPI_HYDRA_BOOTSTRAP_EXEC and HYDRA_LAUNCHER_EXEC at /etc/mpi/kubexec.sh, which `trainhook-launch mpirun`
 writes to call this). Runs CMD in POD as `/bin/sh -c "CMD ARGS"`, like ssh, through the transport chosen by
---transport or TRAINHOOK_MPI_TRANSPORT: kubexec (the Kubernetes exec API with the pod's ServiceAccount; the
-default in a cluster), ssh (keys from a Secret, sshd in the workers) or local (a pod of `trainhook local`; the
-default there). ssh-style options before HOST are accepted (and passed to ssh). Exits with CMD's code, or 255
-when it could not run CMD, with one line saying why."""
+--transport or TRAINHOOK_MPI_TRANSPORT: gang (the default: POD's own `mpi-worker` runs it, asked through the
+launcher's doorway over the gang's authenticated port; no API permission, no sshd), kubexec (the Kubernetes exec
+API with the pod's ServiceAccount; needs a per-gang exec Role), ssh (keys from a Secret, sshd in the workers) or
+local (a pod of `trainhook local`). ssh-style options before HOST are accepted (and passed to ssh). Exits with
+CMD's code, or 255 when it could not run CMD, with one line saying why."""
 
 MPIRUN_HELP = """\
 The launcher of an MPI gang (the `launcher` pod, or worker 0 of a gang without one; on any other pod it serves
@@ -88,7 +89,7 @@ the missing ones), writes the hostfile and the rsh agent at the paths the webhoo
 `trainhook-launch mpirun -- mpirun -np 4 python train.py`), else `mpirun -np <total slots> CMD`. Adds
 --allow-run-as-root (OpenMPI, as root) and -localhost <own address> (Hydra). Exits with mpirun's code (129 when
 a worker went away mid-run) and tells every worker to exit with it. Transport: $TRAINHOOK_MPI_TRANSPORT
-(kubexec, ssh, local), else local inside `trainhook local`, else kubexec."""
+(gang, kubexec, ssh, local), else gang."""
 
 MPI_WORKER_HELP = """\
 An MPI worker pod's command: listens on the gang's port ($TRAINHOOK_PORT, else 29498) for the launcher,
@@ -129,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     mpi_worker = add("mpi-worker", "MPI worker: stay up for the launcher's daemons, then exit with its outcome",
                      MPI_WORKER_HELP)
     mpi_worker.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[-- SERVICE [ARGS ...]]")
-    kubexec = add("kubexec", "the MPI rsh agent: run CMD in POD through the exec API (or ssh, or a local pod)",
+    kubexec = add("kubexec", "the MPI rsh agent: run CMD in POD through its mpi-worker (or exec API, ssh, local pod)",
                   KUBEXEC_HELP)
     kubexec.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[--transport T] [SSH OPTIONS] POD [--] CMD ...")
     return parser
