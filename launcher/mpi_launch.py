@@ -297,6 +297,9 @@ def launch(gang: Gang, env: Mapping[str, str], cmd: Sequence[str]) -> int:
     slots[gang.rank] = own_slots
     hosts = [(w.address, slots[w.rank]) for w in workers]
     try:
+        if transport == "gang" and not key:
+            raise ConfigError("no gang key (no notary answered, see above): the gang transport starts nothing "
+                              f"without one; fix the notary, or pick ssh with {kubexec_module.TH_MPI_TRANSPORT}=ssh")
         write_file(hostfile_path, mpi.hostfile(hosts, implementation), 0o644)
         doorway_path = mpi_exec.doorway_path(agent_path) if transport == "gang" else None
         write_file(agent_path, kubexec_module.agent_script(transport, run_dir, doorway_path), 0o755)
