@@ -48,12 +48,13 @@ OUT = ROOT / "bench" / "results"
 def load_hack(name: str):
     spec = importlib.util.spec_from_file_location(f"trainhook_hack_{name}", ROOT / "hack" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
+    sys.modules[spec.name] = module  # before running it: its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
-cluster_dns, node_config = load_hack("cluster_dns"), load_hack("node_config")
+cluster_dns = load_hack("cluster_dns")
+node_config = node_start.load_node().cfg  # hack/node_config.py, as hack/node.py imports it
 
 
 def gang(variant: str, name: str, size: int, image: str) -> list[dict]:
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary(rounds), indent=1))
         return 0
     variants = [v for v in args.variants.split(",") if v]
-    node_mod = node_start.load_node()
+    node_mod = sys.modules["trainhook_hack_node"]
     running, started = node_mod.ensure_up(node_mod.default_state_dir())
     node = node_start.Node(running)
     try:

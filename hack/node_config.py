@@ -209,6 +209,11 @@ def kubelet_config(paths: NodePaths, *, ca_file: Path, healthz_port: int, pod_ci
         # pods while the pods of earlier tests may still be terminating. The pod CIDR (/24: 253 addresses, the
         # bridge's own included) is the next limit.
         "maxPods": 250,
+        # The kubelet's API client limits, as kubelets since v1.27 default them (v1.20's are 5 and 10): with 5
+        # requests a second, the pod status updates of a 32-pod gang queue for seconds, and with them the pods'
+        # IPs, their Endpoints and their DNS names (issue 26).
+        "kubeAPIQPS": 50,
+        "kubeAPIBurst": 100,
         "podPidsLimit": -1,
         "staticPodPath": "",
         "syncFrequency": "10s",

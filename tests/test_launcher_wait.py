@@ -311,3 +311,17 @@ def test_what_rank_0_tells_its_members_about_the_missing_ones_round_trips():
     assert parse_missing(many) == (100, list(range(1, 9)))  # the first 8 named, all 100 counted
     assert len(many) < 100
     assert parse_missing("go") is None
+
+
+def test_names_are_made_absolute_with_the_pods_own_search_domain(tmp_path):
+    """A pod's resolv.conf (kubelet, ClusterFirst) starts its search list with <namespace>.svc.<zone>: the wait asks
+    for absolute names, one pair of queries per lookup instead of one per search domain."""
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("search ml.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.0.0.10\n"
+                    "options ndots:5\n")
+    domain = wait_module.search_domain("ml", str(conf))
+    assert domain == "ml.svc.cluster.local"
+    assert wait_module.qualified("job-worker-0.job", domain) == "job-worker-0.job.ml.svc.cluster.local."
+    assert wait_module.search_domain("other", str(conf)) is None  # not this namespace's: names stay as they are
+    assert wait_module.qualified("job-worker-0.job", None) == "job-worker-0.job"
+    assert wait_module.search_domain("ml", str(tmp_path / "missing")) is None

@@ -18,21 +18,14 @@ The pods are tiny (10m CPU, 16Mi requested): 32 of them fit the node's 2 cores a
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 import uuid
 
-from e2e_helpers import REPO, Cluster, shown_on_failure, wait_for
+from e2e_helpers import REPO, Cluster, _load, node_mod, shown_on_failure, wait_for
 
-_spec = importlib.util.spec_from_file_location("trainhook_hack_cluster_dns", REPO / "hack" / "cluster_dns.py")
-cluster_dns = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault(_spec.name, cluster_dns)
-_spec.loader.exec_module(cluster_dns)
-_cfg_spec = importlib.util.spec_from_file_location("trainhook_hack_node_config", REPO / "hack" / "node_config.py")
-node_config = importlib.util.module_from_spec(_cfg_spec)
-_cfg_spec.loader.exec_module(node_config)
+cluster_dns = _load("trainhook_hack_cluster_dns", REPO / "hack" / "cluster_dns.py")
+node_config = node_mod.cfg  # hack/node_config.py, as hack/node.py imports it
 
 BARE = ("import os, time; print(f'GANGSTART rank={os.environ[\"HOSTNAME\"].rsplit(\"-\", 1)[1]} "
         "at={time.time():.6f}', flush=True); time.sleep(600)")
