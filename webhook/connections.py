@@ -280,7 +280,8 @@ def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=backlog)
 
 
-def serve_app(runner: web.AppRunner, host: str, port: int, context: ssl.SSLContext) -> tuple[asyncio.Task, socket.socket]:
+def serve_app(runner: web.AppRunner, host: str, port: int,
+              context: ssl.SSLContext) -> tuple[asyncio.Task, socket.socket]:
     """Serve `runner` (set up) on host:port through its app's ConnectionGuard; cancel the task and close the
     socket to stop accepting."""
     guard = runner.app[GUARD]
