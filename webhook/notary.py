@@ -7,8 +7,9 @@ pure decision (notary_membership) say whether the pod belongs; what a record doe
 is only the order of the I/O and the HTTP mapping: 401 unauthenticated, 403 refused, 400 malformed, 503 not
 decidable yet (with Retry-After). Refusals are logged once per (pod, reason), at a bounded rate.
 
-Authorities: `cluster` (webhook/notary_cluster.py: the API server, with the chart's documented RBAC). The
-`trainhook local` one (the runner playing the API server) is not built yet: docs/security.md says what it needs.
+Authorities: `cluster` (webhook/notary_cluster.py: the API server, with the chart's documented RBAC) and
+`local:RUN_DIR` (webhook/notary_local.py: the files a `trainhook local` run writes, its runner playing the API server
+and the kubelet).
 """
 
 from __future__ import annotations
@@ -322,8 +323,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("notary", "the gang members' notary (docs/security.md): their signing key, "
                                       "and the outcome recorded on their behalf")
     group.add_argument("--notary-authority", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY", "none"),
-                       help="none (no notary) or cluster (TokenReview and the API server, in-cluster or "
-                            "KUBECONFIG) (env TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY)")
+                       help="none (no notary), cluster (TokenReview and the API server, in-cluster or "
+                            "KUBECONFIG) or local:RUN_DIR (a trainhook local run's files) "
+                            "(env TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY)")
     group.add_argument("--notary-port", type=int, default=int(os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_PORT",
                                                                              DEFAULT_PORT)),
                        help=f"the notary's HTTPS port (env TRAINHOOK_WEBHOOK_NOTARY_PORT; default {DEFAULT_PORT})")
@@ -340,11 +342,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_arguments(args: argparse.Namespace) -> str | None:
     """Why the notary flags cannot work, or None."""
     authority = args.notary_authority
-    if authority.startswith("local:"):  # trainhook local's authority: docs/security.md says what is missing
-        return ("--notary-authority local:DIR is not built yet (docs/security.md, `trainhook local`): use none or "
-                "cluster")
-    if authority not in ("none", "cluster"):
-        return f"--notary-authority {authority!r}: use none or cluster"
+    if authority.startswith("local:"):  # trainhook local's run directory (webhook/notary_local.py)
+        if not Path(authority[len("local:"):]).is_dir():
+            return (f"--notary-authority {authority!r}: local:DIR names the directory of a trainhook local run, "
+                    "and there is no such directory")
+    elif authority not in ("none", "cluster"):
+        return f"--notary-authority {authority!r}: use none, cluster or local:DIR"
     if not 0 < args.notary_port < 65536:
         return f"--notary-port {args.notary_port}: use a TCP port from 1 to 65535"
     return None
@@ -385,6 +388,9 @@ def notary_settings(settings: Settings, args: argparse.Namespace) -> Settings:
 
 
 def authority_from(args: argparse.Namespace, api_client=None) -> Authority:
+    if args.notary_authority.startswith("local:"):
+        from trainhook.webhook.notary_local import LocalAuthority
+        return LocalAuthority(Path(args.notary_authority[len("local:"):]))
     from trainhook.webhook.notary_cluster import ClusterAuthority
     from trainhook.webhook.selfcerts import kube_client
     return ClusterAuthority(api_client or kube_client())

@@ -3,6 +3,11 @@
 `WebhookServer` runs `trainhook-webhook` on 127.0.0.1 with a fresh CA and serving certificate, and waits for
 /healthz. `AdmissionClient.admit` sends a CREATE AdmissionReview (admission.k8s.io/v1) built as kube-apiserver
 builds it, checks the answer as the apiserver does (uid, allowed, patchType) and applies the JSON patch.
+
+With `notary_dir` (the run directory), the same process serves the notary (webhook/notary.py) with the local
+authority over that directory's files (webhook/notary_local.py) on another 127.0.0.1 port, and injects
+`https://trainhook-notary:8444` into gang pods: the name every pod's hosts file gives the runner's relay on the
+pod network (trainhook/local/notary_relay.py), which the serving certificate carries as a SAN.
 """
 
 from __future__ import annotations
@@ -145,15 +150,26 @@ def webhook_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "trainhook.webhook.server"]
 
 
-class WebhookServer:
-    """The real webhook, served on 127.0.0.1 for the length of a `with` block. Its output goes to webhook.log."""
+# The notary's name and port as gang pods dial it under `trainhook local` (each pod's hosts file resolves the name to
+# the runner's relay on the pod network; the webhook's certificate carries the name).
+NOTARY_HOST, NOTARY_PORT = "trainhook-notary", 8444
+NOTARY_URL = f"https://{NOTARY_HOST}:{NOTARY_PORT}"
 
-    def __init__(self, work_dir: Path, env: dict[str, str] | None = None, startup_timeout: float = 30.0):
+
+class WebhookServer:
+    """The real webhook, served on 127.0.0.1 for the length of a `with` block. Its output goes to webhook.log.
+    With `notary_dir`, it serves the notary too (local authority over that run directory) on `notary_port`, and
+    names it `notary_url` in the gang pods it admits."""
+
+    def __init__(self, work_dir: Path, env: dict[str, str] | None = None, startup_timeout: float = 30.0,
+                 notary_dir: Path | None = None, notary_url: str = NOTARY_URL):
         self.work_dir: Path = work_dir
         self.env = dict(os.environ if env is None else env)
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        self.notary_dir, self.notary_url = notary_dir, notary_url
+        self.notary_port = 0
 
     @property
     def url(self) -> str:
@@ -182,10 +198,14 @@ class WebhookServer:
         self.stop()
 
     def start(self) -> None:
-        certs = write_bundle(self.work_dir / "certs", ["127.0.0.1", "localhost"])
+        certs = write_bundle(self.work_dir / "certs", ["127.0.0.1", "localhost", NOTARY_HOST])
         self.port = free_port()
         argv = webhook_command() + ["--tls-cert", str(certs / CERT_FILE), "--tls-key", str(certs / KEY_FILE),
                                     "--host", "127.0.0.1", "--port", str(self.port)]
+        if self.notary_dir is not None:
+            self.notary_port = free_port()
+            argv += ["--notary-authority", f"local:{self.notary_dir.resolve()}", "--notary-port",
+                     str(self.notary_port), "--notary-url", self.notary_url, "--notary-ca-file", str(certs / CA_FILE)]
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True)

@@ -18,14 +18,16 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainhook.local.admission import AdmissionError, WebhookServer
+from trainhook.local.admission import NOTARY_PORT, AdmissionError, WebhookServer
 from trainhook.local.controllers import ControllerError
 from trainhook.local.envvars import EnvError
 from trainhook.local.manifest import ManifestError, load_manifest
 from trainhook.local.network import Network, NetworkError, check_host
+from trainhook.local.notary_relay import NotaryRelay
 from trainhook.local.run import address_warnings, admit_manifest, pods_yaml, prepare_pods, run_pods
 from trainhook.local.scaling import Scaler
 from trainhook.local.supervisor import RunResult
+from trainhook.webhook.notary_local import store_workloads
 
 
 DESCRIPTION = ("Run a labeled manifest's gang on this machine, as a cluster would: the real webhook admits the "
@@ -112,9 +114,11 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
         check_host()  # refuse before doing any work
     env = dict(os.environ, TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN=args.cluster_domain)
     # The webhook serves the whole run: a scale-up (`trainhook local scale`) admits its new pods through it.
-    with WebhookServer(run_dir / "webhook", env) as webhook:
+    # It serves the notary too, with the local authority over this run's files (webhook/notary_local.py).
+    with WebhookServer(run_dir / "webhook", env, notary_dir=run_dir) as webhook:
         client = webhook.client(manifest.path)
         state = admit_manifest(manifest, client, _warn)
+        store_workloads(run_dir, state.workloads)  # where the notary reads them, as from the API server
         for message in address_warnings(state):
             _warn(message)
         (run_dir / "pods.yaml").write_text(pods_yaml(state.pods))
@@ -122,8 +126,12 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
             sys.stdout.write(pods_yaml(state.pods))
             return 0
         network = Network()
+        relay = None
         try:
             network.open()
+            # The pods' way to the notary: the bridge's NOTARY_PORT, relayed to the webhook's notary listener.
+            relay = NotaryRelay(network.listen_on_switch(NOTARY_PORT), webhook.notary_port)
+            relay.start()
             _say(f"run {network.run_id}: pod network {network.subnet} (isolated: nothing routes out), network "
                  f"namespaces {network.switch[:-2]}*, run files in {run_dir}")
             pods = prepare_pods(state, manifest, network, run_dir, args.cluster_domain)
@@ -134,6 +142,8 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
         finally:
             with deferred_signals():
                 signal.signal(signal.SIGTERM, _raise_interrupted)  # asyncio restores the default on its way out
+                if relay is not None:
+                    relay.close()
                 for error in network.close():
                     _warn(f"cleanup: {error}")
     print(summary_table(result), flush=True)

@@ -4,20 +4,25 @@ Layout of a run (id `abc123`):
   netns `th-abc123-sw`  the switch: bridge `br0`, and `v<i>`, the switch end of pod i's veth pair
   netns `th-abc123-<i>` pod i: `lo`, and `eth0` with address 10.244.<octet>.<i+2>/24, no default route
 Addresses exist only inside the switch; no interface is created in the caller's namespace and no route leads
-out, so pods reach each other and nothing else. Names carry the run id, so parallel runs never collide.
+out, so pods reach each other and nothing else. The bridge itself has 10.244.<octet>.1 (`gateway`), where the
+runner listens for the one service of its own that pods use: the notary's relay (`listen_on_switch`). Names carry the run id, so parallel runs never collide.
 `Network.close()` deletes everything it created and is safe to call twice; use the network as a context manager.
 """
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import os
 import secrets
 import shutil
+import socket
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 NETNS_PREFIX = "th-"
 MAX_PODS = 253  # .2 to .254 of the /24
@@ -90,7 +95,42 @@ class Network:
         check_host()
         self._add_netns(self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", "br0")
         _ip("-n", self.switch, "link", "set", "br0", "up")
+
+    @property
+    def gateway(self) -> str:
+        """The bridge's own address (.1): pods reach the runner's listeners there, and nothing beyond."""
+        return str(self.subnet.network_address + 1)
+
+    def listen_on_switch(self, port: int) -> socket.socket:
+        """A TCP socket listening on gateway:port inside the switch namespace, for this process to serve: a
+        short-lived thread enters the namespace (setns acts on the calling thread only) and makes it there."""
+        made: dict[str, object] = {}
+
+        def make() -> None:
+            try:
+                fd = os.open(str(NETNS_DIR / self.switch), os.O_RDONLY)
+                try:
+                    if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                        err = ctypes.get_errno()
+                        raise OSError(err, f"setns into {self.switch}: {os.strerror(err)}")
+                finally:
+                    os.close(fd)
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((self.gateway, port))
+                sock.listen(128)
+                made["socket"] = sock
+            except OSError as e:
+                made["error"] = e
+
+        thread = threading.Thread(target=make, name=f"netns-{self.switch}")
+        thread.start()
+        thread.join()
+        if "error" in made:
+            raise NetworkError(f"cannot listen on {self.gateway}:{port} in {self.switch}: {made['error']}")
+        return made["socket"]  # type: ignore[return-value]
 
     def add_pod(self) -> PodNet:
         """A new pod namespace plugged into the switch, with the next free address."""
@@ -155,8 +195,8 @@ class HostEntry:
 
 def hosts_file(own: HostEntry, peers: list[HostEntry], cluster_domain: str = "cluster.local",
                services: dict[str, list[str]] | None = None) -> str:
-    """The kubelet's managed hosts file for `own`, then entries for every pod of the run (and headless
-    Services: name -> pod IPs), which cluster DNS would answer in a cluster."""
+    """The kubelet's managed hosts file for `own`, then entries for every pod of the run (and Services: name ->
+    IPs, the headless ones' pods and the runner's notary relay), which cluster DNS would answer in a cluster."""
     lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost",
              "::1\tlocalhost ip6-localhost ip6-loopback", "fe00::0\tip6-localnet", "fe00::0\tip6-mcastprefix",
              "fe00::1\tip6-allnodes", "fe00::2\tip6-allrouters"]

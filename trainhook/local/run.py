@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import yaml
 
-from trainhook.local.admission import AdmissionClient
+from trainhook.local.admission import NOTARY_HOST, AdmissionClient
 from trainhook.local.controllers import ADMIN_USER, job_warnings, pod_requests, store
 from trainhook.local.envvars import EnvError, Sources
 from trainhook.local.manifest import JOB, Manifest, type_of
@@ -38,6 +38,7 @@ class ClusterState:
     workloads: list[dict] = field(default_factory=list)
     pods: list[dict] = field(default_factory=list)  # stored pods, in creation order
     nets: dict[str, PodNet] = field(default_factory=dict)  # pod name -> its network (once prepared)
+    notary_ip: str = ""  # where pods reach the notary's relay (the bridge's address), once the network exists
 
 
 def _admit(client: AdmissionClient, obj: dict, user: dict, warn: Warn, rng: random.Random) -> dict:
@@ -118,6 +119,8 @@ def write_hosts_files(state: ClusterState, nets: dict[str, PodNet], run_dir: Pat
     entries = [HostEntry(nets[p["metadata"]["name"]].ip, p["spec"].get("hostname") or p["metadata"]["name"],
                          p["spec"].get("subdomain", ""), p["metadata"]["namespace"]) for p in state.pods]
     services = service_names(state, {name: net.ip for name, net in nets.items()}, cluster_domain)
+    if state.notary_ip:  # the name the webhook injects in TRAINHOOK_NOTARY (admission.NOTARY_URL)
+        services[NOTARY_HOST] = [state.notary_ip]
     for pod, entry in zip(state.pods, entries):
         pod_dir = run_dir / "pods" / pod["metadata"]["name"]
         pod_dir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +145,7 @@ def prepare_pods(state: ClusterState, manifest: Manifest, network: Network, run_
     """Give every pod its namespace and address, write its hosts file and volumes, resolve its containers."""
     nets = {p["metadata"]["name"]: network.add_pod() for p in state.pods}
     state.nets = nets
+    state.notary_ip = network.gateway
     write_hosts_files(state, nets, run_dir, cluster_domain)
     sources = Sources(manifest.configmaps, manifest.secrets)
     local = [build_local_pod(pod, nets[pod["metadata"]["name"]], run_dir, sources) for pod in state.pods]

@@ -32,6 +32,7 @@ from trainhook.local.controllers import controller_user, statefulset_pods, store
 from trainhook.local.envvars import Sources
 from trainhook.local.manifest import STATEFULSET, type_of
 from trainhook.local.network import Network
+from trainhook.webhook.notary_local import patch_stored_workload
 
 CONTROL = "control"
 RUNNER_FILE = "runner.json"
@@ -90,6 +91,8 @@ class Scaler:
         self.cluster_domain, self.warn = cluster_domain, warn
         self.sources = Sources(manifest.configmaps, manifest.secrets)
         self.rng = random.Random()
+        self.supervisor = None  # set by serve()
+        self._unstoring: set[asyncio.Task] = set()
 
     # --- the API server's half, then the controller's (blocking: run in a thread) -------------------------
     def accept(self, name: str, namespace: str, replicas: int) -> tuple[dict, list[int], list[str]]:
@@ -99,6 +102,7 @@ class Scaler:
         if message is not None:
             raise ScaleRefused(message)
         sts["spec"]["replicas"] = replicas
+        patch_stored_workload(self.run_dir, namespace, STATEFULSET[1], name, {"spec": {"replicas": replicas}})
         create, delete = plan(ordinals(self.state.pods, name), replicas)
         return sts, create, delete
 
@@ -131,14 +135,36 @@ class Scaler:
         """Deleted pods leave the cluster's DNS: every remaining pod's hosts file drops them."""
         from trainhook.local.run import write_hosts_files
 
+        gone = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in self.state.pods
+                if p["metadata"]["name"] in names}
         self.state.pods = [p for p in self.state.pods if p["metadata"]["name"] not in names]
         write_hosts_files(self.state, self.state.nets, self.run_dir, self.cluster_domain)
+        task = asyncio.get_running_loop().create_task(self._unstore_when_gone(gone))
+        self._unstoring.add(task)
+        task.add_done_callback(self._unstoring.discard)
+
+    async def _unstore_when_gone(self, gone: dict[str, str]) -> None:
+        """A deleted pod leaves the API server once it has stopped (its grace period, as a cluster keeps it while
+        terminating): its stored object goes, and with it the notary's trust in its token. A pod of the same name
+        created since (another uid) stays."""
+        from trainhook.local.run import POD_FILE
+
+        if self.supervisor is not None:
+            await self.supervisor.wait_gone(list(gone))
+        for name, uid in gone.items():
+            path = self.run_dir / "pods" / name / POD_FILE
+            try:
+                if json.loads(path.read_text())["metadata"].get("uid") == uid:
+                    path.unlink()
+            except (OSError, ValueError, KeyError):
+                pass
 
     # --- the runner's side of the control directory -------------------------------------------------------
     async def serve(self, supervisor) -> None:
         """Answer scale requests until cancelled (the run ends)."""
         from trainhook.local.run import restart_policy
 
+        self.supervisor = supervisor
         control = self.run_dir / CONTROL
         control.mkdir(parents=True, exist_ok=True)
         registration = register(self.run_dir)
