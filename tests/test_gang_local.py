@@ -20,6 +20,8 @@ from pathlib import Path
 import yaml
 from helpers import local_summary as summary
 
+from trainhook.webhook.notary_local import stored_events
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "gang"
 TRAIN = (DATA / "train.py").read_text()
@@ -99,9 +101,16 @@ def test_a_statefulset_gang_succeeds_once_and_parks_instead_of_rerunning(tmp_pat
     for i in range(3):
         assert re.search(rf"^\[gang-{i}\] trainhook-launch run: parked: the gang is done and this pod's containers "
                          r"are restarted when they exit \(restartPolicy Always\)", result.stdout, re.M)
-    # rank 0 is the first pod of its role: it says why it could not record the outcome and scale to zero
-    assert re.search(r"^\[gang-0\] .*parked: .*the outcome is not recorded on StatefulSet/gang and it is not scaled "
-                     r"to zero: not in a Kubernetes pod", result.stdout, re.M)
+    # rank 0, the coordinator, recorded the outcome through the run's notary, as in a cluster
+    assert re.search(r"^\[gang-0\] trainhook-launch run: parked: .*the notary recorded Succeeded on the gang's "
+                     r"workloads and stops it", result.stdout, re.M)
+    assert not re.search(r"^\[gang-[12]\] .*the notary recorded", result.stdout, re.M)  # only the coordinator
+    stored = json.loads((tmp_path / "run" / "notary" / "workloads" / "default" / "StatefulSet" / "gang.json")
+                        .read_text())
+    assert stored["metadata"]["annotations"]["trainhook.dev/phase"] == "Succeeded"
+    assert stored["metadata"]["labels"]["trainhook.dev/phase"] == "Succeeded" and stored["spec"]["replicas"] == 0
+    assert [(e["reason"], e["involvedObject"]["name"]) for e in stored_events(tmp_path / "run")] == \
+        [("GangSucceeded", "gang")]
     assert "restarting it" not in result.stdout
     assert "trainhook local: gang default/gang succeeded (exit 0; attempt 1, 0 gang restarts)" in result.stdout
     report = outcome(tmp_path)
@@ -235,38 +244,58 @@ def test_when_rank_0s_launcher_dies_the_members_stop_and_the_restarted_coordinat
 
 
 def test_forged_completion_and_failure_messages_from_outside_the_gang_are_refused(tmp_path):
-    forge = {"apiVersion": "batch/v1", "kind": "Job",
-             "metadata": {"name": "intruder", "namespace": "other", "labels": {"trainhook.dev/framework": "pytorch"}},
-             "spec": {"completionMode": "Indexed", "completions": 1, "parallelism": 1, "backoffLimit": 0,
-                      "template": {"metadata": {"labels": {"trainhook.dev/framework": "pytorch"}}, "spec": {
-                          "restartPolicy": "Never", "subdomain": "intruder",
-                          "containers": [{"name": "forge", "image": "ignored", "command": ["python", "/code/forge.py"],
-                                          "env": [{"name": "FORGE_TARGET",
-                                                   "value": "victim-0.victim.default.svc.cluster.local"},
-                                                  {"name": "FORGE_NAMESPACE", "value": "default"},
-                                                  {"name": "FORGE_JOB", "value": "victim"}],
-                                          "volumeMounts": [{"name": "code", "mountPath": "/code"}]}],
-                          "volumes": [{"name": "code", "configMap": {"name": "intruder-code"}}]}}}}
-    intruder = [
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "intruder", "namespace": "other",
-                                                             "labels": {"trainhook.dev/job-name": "intruder"}},
-         "spec": {"selector": {"trainhook.dev/job-name": "intruder"}}},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "intruder-code", "namespace": "other"},
-         "data": {"forge.py": (DATA / "forge.py").read_text()}},
-        forge,
-    ]
-    result = local(tmp_path, gang(name="victim", env={"TRAIN_SECONDS": 8}) + intruder)
+    """A bare Pod in the victim's namespace carrying the victim's labels and the look of rank 1 (its job name and a
+    completion index: the webhook places it at victim-1.victim, of the gang's own shape), with a projected token of
+    its own and the notary's URL and CA read from the victim's pod spec (RUN_DIR/pods.yaml: what `view` shows),
+    asks the run's notary for the gang's key and to record success, and speaks the launchers' protocol to the
+    coordinator with every key it can make: every attempt refused, and the gang ends with its own outcome."""
+    forger = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "victim-intruder",
+        "labels": {"trainhook.dev/framework": "pytorch", "trainhook.dev/job-name": "victim",
+                   "trainhook.dev/role": "worker", "job-name": "victim"},
+        "annotations": {"trainhook.dev/replicas": "worker=3", "trainhook.dev/launcher": "none",
+                        "batch.kubernetes.io/job-completion-index": "1"}},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "forge", "image": "ignored", "command": ["python", "/code/forge.py"],
+            "env": [{"name": "FORGE_TARGET", "value": "victim-0.victim.default.svc.cluster.local"},
+                    {"name": "FORGE_NAMESPACE", "value": "default"}, {"name": "FORGE_JOB", "value": "victim"},
+                    {"name": "FORGE_VIEW", "value": "/view/pods.yaml"}],
+            "volumeMounts": [{"name": "code", "mountPath": "/code"},
+                             {"name": "view", "mountPath": "/view/pods.yaml", "readOnly": True},
+                             {"name": "own-identity", "mountPath": "/var/run/secrets/trainhook.dev/identity"}]}],
+            "volumes": [{"name": "code", "configMap": {"name": "intruder-code"}},
+                        {"name": "view", "hostPath": {"path": str(tmp_path / "run" / "pods.yaml")}},
+                        # Anyone who can create a pod can mount a token of its ServiceAccount for any audience.
+                        {"name": "own-identity", "projected": {"sources": [{"serviceAccountToken": {
+                            "audience": "trainhook", "expirationSeconds": 3600, "path": "token"}}]}}]}}
+    code = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "intruder-code"},
+            "data": {"forge.py": (DATA / "forge.py").read_text()}}
+    result = local(tmp_path, gang(name="victim", env={"TRAIN_SECONDS": 8}) + [code, forger])
     assert result.returncode == 0, shown(result)
-    refused = re.findall(r"^\[intruder-0-\w+\] REFUSED (.*)$", result.stdout, re.M)
-    assert len(refused) == 4 and "ACCEPTED" not in result.stdout, shown(result)
-    assert sum("bad signature: not signed with this gang's token" in line for line in refused) == 3
-    assert "a launcher of gang other/intruder, not default/victim" in refused[3]
-    assert len(re.findall(r"^\[victim-0\] trainhook-launch coordinator: refused a connection from 10\.244\.",
-                          result.stdout, re.M)) == 4
+    assert re.search(r"^\[victim-intruder\] read the notary's URL https://trainhook-notary:8444 and CA from pod victim-0",
+                     result.stdout, re.M), shown(result)
+    refused = re.findall(r"^\[victim-intruder\] REFUSED (.*)$", result.stdout, re.M)
+    assert len(refused) == 5 and "ACCEPTED" not in result.stdout, shown(result)
+    own_token, no_token, record, spec_key, random_key = refused
+    assert "HTTP 403" in own_token and "only carries the label trainhook.dev/job-name=victim" in own_token
+    assert "HTTP 401" in no_token
+    assert "HTTP 403" in record and "only carries the label" in record
+    assert all("bad signature" in line or "not signed" in line for line in (spec_key, random_key)), refused
+    assert re.search(r"^\[victim-0\] trainhook-launch coordinator: refused a connection from 10\.244\.",
+                     result.stdout, re.M)
     # The gang ran its own course: nobody was stopped or restarted, rank 0 finished and decided.
     assert runs(result.stdout) == {0: [1], 1: [1], 2: [1]}
     assert len(events(result.stdout, "TRAIN END")) == 3 and not events(result.stdout, "STOPPED")
     assert "gang default/victim succeeded (exit 0; attempt 1, 0 gang restarts)" in result.stdout
+    stored = json.loads((tmp_path / "run" / "notary" / "workloads" / "default" / "StatefulSet" / "victim.json")
+                        .read_text())
+    assert stored["metadata"]["annotations"]["trainhook.dev/phase-reason"] == \
+        "rank 0 (worker-0 at victim-0.victim) exited 0"
+    assert summary(result.stdout)["victim-intruder"][1] == "0"  # the forger saw every attempt refused
+    refusals = [json.loads(line) for line in (tmp_path / "run" / "webhook" / "webhook.log").read_text().splitlines()
+                if '"notary refused"' in line]
+    assert sorted(r["status"] for r in refusals) == [401, 403]  # each (who, reason) logged once
+    assert any("pod default/victim-intruder only carries the label" in r["reason"] for r in refusals)
 
 
 def test_a_torch_ddp_gang_under_the_launcher_restarts_with_a_fresh_rendezvous_and_trains(tmp_path):

@@ -13,7 +13,9 @@ Every one must be refused. It prints one line per attempt: `REFUSED <what>: <the
 
   FORGE_TARGET     the victim coordinator's address (host; FORGE_PORT, default 29497)
   FORGE_NAMESPACE  the victim's namespace;  FORGE_JOB  the victim's job name
-  TRAINHOOK_NOTARY, TRAINHOOK_NOTARY_CA   the notary, as the victim's pod spec names it
+  TRAINHOOK_NOTARY, TRAINHOOK_NOTARY_CA   the notary, as the victim's pod spec names it; or
+  FORGE_VIEW       a YAML file of pod specs as `kubectl get pods -o yaml` shows them to `view` (`trainhook local`'s
+                   RUN_DIR/pods.yaml): the two are read from the victim's training container there
   TRAINHOOK_IDENTITY_TOKEN                this pod's own identity token file (default: the projected path)
 """
 
@@ -78,7 +80,30 @@ def ask(what: str, call) -> bool:
     return False
 
 
+def read_victims_spec(path: str) -> None:
+    """TRAINHOOK_NOTARY and TRAINHOOK_NOTARY_CA as the victim's pod spec shows them (public: `view` reads them)."""
+    import yaml
+
+    with open(path) as f:
+        pods = [p for p in yaml.safe_load_all(f) if p]
+    for pod in pods:
+        meta = pod["metadata"]
+        if meta.get("namespace") != NAMESPACE or (meta.get("labels") or {}).get("trainhook.dev/job-name") != JOB:
+            continue
+        for container in pod["spec"]["containers"]:
+            env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
+            if env.get("TRAINHOOK_NOTARY"):
+                os.environ["TRAINHOOK_NOTARY"], os.environ["TRAINHOOK_NOTARY_CA"] = (env["TRAINHOOK_NOTARY"],
+                                                                                   env["TRAINHOOK_NOTARY_CA"])
+                print(f"read the notary's URL {env['TRAINHOOK_NOTARY']} and CA from pod {meta['name']}'s spec",
+                      flush=True)
+                return
+    raise SystemExit(f"no pod of {NAMESPACE}/{JOB} in {path} names a notary")
+
+
 def main() -> int:
+    if os.environ.get("FORGE_VIEW") and not os.environ.get("TRAINHOOK_NOTARY"):
+        read_victims_spec(os.environ["FORGE_VIEW"])
     notary = identity.from_env(os.environ)
     assert notary is not None, "TRAINHOOK_NOTARY is not set"
     anonymous = identity.Notary(notary.url, os.environ["TRAINHOOK_NOTARY_CA"], "/dev/null")
