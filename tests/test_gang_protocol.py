@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from gang_notary import GangNotary, indexed_job
+
 from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, GangState, Report
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
@@ -441,31 +443,41 @@ def test_a_run_nested_in_a_gang_aware_launchers_training_runs_its_command_alone(
     assert result.returncode == 5 and result.stderr == ""
 
 
-def solo_env(tmp_path, **more: str) -> dict[str, str]:
-    """A one-member Job gang: rank 0 alone, its coordinator on a free loopback port."""
-    return {**env(TRAINHOOK_INDEX="0", TRAINHOOK_REPLICAS="worker=1", TRAINHOOK_WORKLOAD="Job/g",
-                  TRAINHOOK_RESTART_POLICY="OnFailure", TRAINHOOK_COORDINATOR_PORT=str(free_port()),
-                  TRAINHOOK_STATE_DIR=str(tmp_path / "state")), "PATH": "/usr/bin:/bin", **more}
+def solo_env(notary: GangNotary, pod: dict, tmp_path) -> dict[str, str]:
+    """A one-member Job gang's pod, as the webhook mutated it: rank 0 alone, its coordinator on a free loopback
+    port, its state directory (the emptyDir that outlives a container restart) under tmp_path."""
+    return {**notary.env(pod), "TRAINHOOK_COORDINATOR_PORT": str(free_port()),
+            "TRAINHOOK_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
 
 
 def test_the_outcome_marker_keeps_a_restarted_container_from_training_again(tmp_path):
     flag = tmp_path / "trained"
     command = [sys.executable, "-m", "trainhook.launcher.cli", "run", "--", sys.executable, "-c",
                f"open({str(flag)!r}, 'a').write('x')"]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=60, env=solo_env(tmp_path))
-    assert first.returncode == 0, first.stderr
-    assert flag.read_text() == "x"
-    marker = json.loads((tmp_path / "state" / "outcome.json").read_text())
-    assert (marker["namespace"], marker["job"], marker["outcome"]["phase"]) == ("ns", "g", "Succeeded")
-    # The kubelet restarts the container (OnFailure, or Always): the emptyDir still holds the marker.
-    again = subprocess.run(command, capture_output=True, text=True, timeout=60, env=solo_env(tmp_path))
-    assert again.returncode == 0, again.stderr
-    assert "outcome.json records that the gang is done (Succeeded)" in again.stderr
-    assert "not running the training: gang succeeded" in again.stderr
-    assert flag.read_text() == "x"  # not run again
-    failed = Outcome("Failed", 3, "rank 1 (worker-1 at g-1.g) exited with 3", 1, "2025-01-01T00:00:00Z")
-    (tmp_path / "state" / "outcome.json").write_text(json.dumps({"namespace": "ns", "job": "g",
-                                                                 "outcome": failed.to_dict()}))
-    third = subprocess.run(command, capture_output=True, text=True, timeout=60, env=solo_env(tmp_path))
-    assert third.returncode == 3, third.stderr  # a Job's pod exits with the gang's code, again, without training
-    assert flag.read_text() == "x"
+    with GangNotary(tmp_path / "run") as notary:
+        [pod] = notary.admit(indexed_job("g", "ns"))
+        first = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                               env=solo_env(notary, pod, tmp_path))
+        assert first.returncode == 0, first.stderr
+        assert flag.read_text() == "x"
+        assert "the notary recorded the outcome: Succeeded" in first.stderr
+        assert notary.workload("ns", "Job", "g")["metadata"]["annotations"][PHASE] == SUCCEEDED
+        marker = json.loads((tmp_path / "state" / "outcome.json").read_text())
+        assert (marker["namespace"], marker["job"], marker["outcome"]["phase"]) == ("ns", "g", "Succeeded")
+        # The kubelet restarts the container (OnFailure, or Always): the emptyDir still holds the marker.
+        again = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                               env=solo_env(notary, pod, tmp_path))
+        assert again.returncode == 0, again.stderr
+        assert "outcome.json records that the gang is done (Succeeded)" in again.stderr
+        assert "not running the training: gang succeeded" in again.stderr
+        assert flag.read_text() == "x"  # not run again
+        failed = Outcome("Failed", 3, "rank 1 (worker-1 at g-1.g) exited with 3", 1, "2025-01-01T00:00:00Z")
+        (tmp_path / "state" / "outcome.json").write_text(json.dumps({"namespace": "ns", "job": "g",
+                                                                     "outcome": failed.to_dict()}))
+        third = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                               env=solo_env(notary, pod, tmp_path))
+        assert third.returncode == 3, third.stderr  # a Job's pod exits with the gang's code, again, without training
+        assert flag.read_text() == "x"
+        # The record is written once: the first outcome stays on the Job, and one Event says it.
+        assert notary.workload("ns", "Job", "g")["metadata"]["annotations"][PHASE] == SUCCEEDED
+        assert [e["reason"] for e in notary.events()] == ["GangSucceeded"]

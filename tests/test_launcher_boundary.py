@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from gang_notary import GangNotary, indexed_job
 
 import trainhook
 import trainhook.launcher
@@ -245,14 +246,21 @@ def test_the_zip_waits_and_names_who_is_missing(python, launcher_zip):
 
 
 @pytest.mark.parametrize("code", [0, 3])
-def test_a_gang_run_from_the_zip_ends_saying_the_outcome_api_is_out_of_reach(python, launcher_zip, code):
-    env = gang("pytorch", "solo", "worker=1", "worker=solo", "worker", 0, TRAINHOOK_RANK="0",
-               TRAINHOOK_GANG_TOKEN="0" * 64, TRAINHOOK_COORDINATOR_PORT=str(free_port()),
-               TRAINHOOK_WORKLOAD="Job/solo", TRAINHOOK_RESTART_POLICY="Never")
-    done = launch(python, launcher_zip, "run", "--", "sh", "-c", f"echo training; exit {code}", env=env)
-    assert (done.returncode, done.stdout) == (code, "training\n"), done.stderr
-    assert ("the outcome is not recorded on Job/solo: not in a Kubernetes pod (no KUBERNETES_SERVICE_HOST)"
-            in done.stderr), done.stderr
+def test_a_gang_run_from_the_zip_gets_its_key_from_the_notary_and_records_the_outcome(python, launcher_zip, code,
+                                                                                      tmp_path):
+    """The delivered launcher (standard library only, on every Python it supports) in a one-member Job gang admitted
+    by the real webhook: it asks the real notary (HTTPS, the webhook's CA) for its key with its pod's token, runs
+    the training, and records the outcome, which the notary writes on the Job."""
+    with GangNotary(tmp_path / "run") as notary:
+        [pod] = notary.admit(indexed_job("solo", "team-a", restart_policy="Never"))
+        env = {**notary.env(pod), "TRAINHOOK_COORDINATOR_PORT": str(free_port()),
+               "TRAINHOOK_STATE_DIR": str(tmp_path / "state")}
+        done = launch(python, launcher_zip, "run", "--", "sh", "-c", f"echo training; exit {code}", env=env)
+        assert (done.returncode, done.stdout) == (code, "training\n"), done.stderr
+        phase = "Succeeded" if code == 0 else "Failed"
+        assert f"the notary recorded the outcome: {phase}" in done.stderr, done.stderr
+        annotations = notary.workload("team-a", "Job", "solo")["metadata"]["annotations"]
+        assert (annotations["trainhook.dev/phase"], annotations["trainhook.dev/exit-code"]) == (phase, str(code))
 
 
 def test_the_zip_execs_in_a_pod_over_the_websocket(python, launcher_zip, tmp_path):

@@ -159,7 +159,8 @@ NOTARY_URL = f"https://{NOTARY_HOST}:{NOTARY_PORT}"
 class WebhookServer:
     """The real webhook, served on 127.0.0.1 for the length of a `with` block. Its output goes to webhook.log.
     With `notary_dir`, it serves the notary too (local authority over that run directory) on `notary_port`, and
-    names it `notary_url` in the gang pods it admits."""
+    names it `notary_url` in the gang pods it admits (`{port}` in it: the notary's own 127.0.0.1 port, for
+    processes that dial it directly: tests/gang_notary.py)."""
 
     def __init__(self, work_dir: Path, env: dict[str, str] | None = None, startup_timeout: float = 30.0,
                  notary_dir: Path | None = None, notary_url: str = NOTARY_URL):
@@ -205,7 +206,8 @@ class WebhookServer:
         if self.notary_dir is not None:
             self.notary_port = free_port()
             argv += ["--notary-authority", f"local:{self.notary_dir.resolve()}", "--notary-port",
-                     str(self.notary_port), "--notary-url", self.notary_url, "--notary-ca-file", str(certs / CA_FILE)]
+                     str(self.notary_port), "--notary-url", self.notary_url.format(port=self.notary_port),
+                     "--notary-ca-file", str(certs / CA_FILE)]
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True)
