@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import random
 import signal
 import socket
 import sys
@@ -46,14 +45,16 @@ from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coord
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
 from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, read_settings)
+from trainhook.launcher.reach import Backoff, PeerAddress, connect, search_domain
 from trainhook.launcher.run import FORWARDED, Training, reap_exited, run_command
 
 POLL = 0.2
 DELIVERY_TIMEOUT = 10.0  # how long rank 0 waits for every member to hear the outcome before it leaves
-# Reconnect backoff. Members usually start before rank 0's coordinator listens (or before its name resolves), and
-# every second a member sleeps past that is a second of the gang's start: so short, capped at half a second, and
-# jittered so a large gang's members do not knock in step (bench/node_start.py; docs/performance.md).
-FIRST_DELAY, MAX_DELAY = 0.1, 0.5
+# Reconnect backoff (reach.Backoff). Members usually start before rank 0's coordinator listens (or before its name
+# resolves), and every second a member sleeps past that is a second of the gang's start: so the cap starts at half
+# a second, jittered so a large gang's members do not knock in step, and rises with the time waited only when the
+# wait is long (then a few seconds late costs little, and the cluster DNS is not asked twice a second per member).
+LINK_FLOOR = 0.5
 REPORT_EVERY = 30.0
 MARKER = "outcome.json"
 
@@ -74,6 +75,9 @@ class Link(threading.Thread):
         super().__init__(daemon=True, name="gang-link")
         self.gang, self.settings, self.events = gang, settings, events
         self.address = "127.0.0.1" if gang.rank == 0 else gang.peers[0].address
+        # rank 0's name, absolute, resolved once and reused while connects are refused (issue 26: re-resolving its
+        # relative name before every attempt cost a 32-pod gang thousands of DNS queries)
+        self.target = PeerAddress(self.address, None if gang.rank == 0 else search_domain(gang.namespace))
         self.lock = threading.Lock()
         self.channel: wire.Channel | None = None
         self.latest = report.to_dict()
@@ -106,7 +110,7 @@ class Link(threading.Thread):
                 self.channel.close()
 
     def run(self) -> None:
-        delay, said, said_at = FIRST_DELAY, "", 0.0
+        backoff, said, said_at = Backoff(LINK_FLOOR), "", 0.0
         while not self.closing.is_set():
             try:
                 channel = self._connect()
@@ -117,10 +121,9 @@ class Link(threading.Thread):
                     say(f"cannot reach the gang's coordinator (rank 0 at {self.address}:{self.settings.port}) "
                         f"yet: {self.last_error}; retrying")
                     said, said_at = self.last_error, now
-                self.closing.wait(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 1.5, MAX_DELAY)
+                self.closing.wait(backoff.next())
                 continue
-            delay, said = FIRST_DELAY, ""
+            backoff, said = Backoff(LINK_FLOOR), ""
             why = "the connection closed"
             try:
                 while True:
@@ -136,11 +139,12 @@ class Link(threading.Thread):
             with self.lock:
                 self.channel = None
             channel.close()
+            self.target.lost()  # rank 0's pod may have restarted, with another address
             if not self.closing.is_set():
                 self.events.put(("lost", why))
 
     def _connect(self) -> wire.Channel:
-        sock = socket.create_connection((self.address, self.settings.port), timeout=wire.GREETING_TIMEOUT)
+        sock = connect(self.target, self.settings.port, wire.GREETING_TIMEOUT)
         try:
             sock.settimeout(wire.GREETING_TIMEOUT)
             nonce = wire.new_nonce()

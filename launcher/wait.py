@@ -22,15 +22,15 @@ will connect to; rank 0, the gang's gathering point, waits for the rest:
   when every member is connected rank 0 sends each of them `go`, and only then stops listening, so nobody still
   needs it. O(N) connections, one thread at rank 0 (selectors). A member learns who is missing from rank 0.
 
-Every poll and every reconnect follows `Backoff`: jittered, growing to a cap that starts low (the gang usually
-forms within seconds) and rises with the time already waited, so a gang that waits minutes (a missing Service)
-does not keep the DNS server busy.
+Every poll and every reconnect follows `Backoff` (launcher/reach.py, shared with the launcher's connection to the
+coordinator): jittered, growing to a cap that starts low (the gang usually forms within seconds) and rises with
+the time already waited, so a gang that waits minutes (a missing Service) does not keep the DNS server busy.
+Names are asked as absolute names, and a member's tcp wait resolves rank 0 once and reuses the address.
 """
 
 from __future__ import annotations
 
 import queue
-import random
 import selectors
 import socket
 import sys
@@ -40,12 +40,13 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from trainhook.launcher.gang import Gang, Peer
+from trainhook.launcher.reach import Backoff, PeerAddress, connect, qualified, search_domain
+
+__all__ = ["Backoff", "qualified", "search_domain", "wait"]  # Backoff and the names: launcher/reach.py
 
 EXIT_FAILED = 1  # the gang did not assemble in time (the message names who), or the barrier port is taken
 PROTOCOL = "trainhook-gang/2"  # /1 was the symmetric all-to-all barrier; a /1 hello is refused by name
-FIRST_DELAY, GROWTH, MAX_DELAY = 0.1, 1.5, 5.0
 MEMBER_FLOOR, GATHER_FLOOR = 0.5, 0.25  # the cap's starting value: rank 0's poll is one query, a member's two
-CAP_SHARE = 0.05  # the cap rises to this share of the time waited: a late answer costs at most ~5% more waiting
 FULL_PASS_EVERY = 10.0  # rank 0 resolves every missing member's name at least this often (see wait_gathering)
 REPORT_EVERY = 30.0  # seconds between progress lines when nothing changes
 CONNECT_TIMEOUT = 5.0
@@ -61,26 +62,6 @@ def describe(peers: Iterable[Peer], limit: int = LISTED) -> str:
     items = [str(p) for p in peers]
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
     return ", ".join(items[:limit]) + more
-
-
-class Backoff:
-    """Delays between polls: growing by GROWTH from FIRST_DELAY to a cap, each drawn in [delay/2, delay].
-
-    The cap is `floor` at first and then CAP_SHARE of the time already waited, up to MAX_DELAY: answers that come
-    in the first seconds are seen within `floor`, and a wait of minutes polls every few seconds. The jitter keeps
-    the pods of a gang, which start together, from asking in step."""
-
-    def __init__(self, floor: float, clock: Callable[[], float] = time.monotonic,
-                 draw: Callable[[], float] = random.random):
-        self.floor, self.clock, self.draw = floor, clock, draw
-        self.started, self.delay = clock(), FIRST_DELAY / GROWTH
-
-    def cap(self) -> float:
-        return min(MAX_DELAY, max(self.floor, (self.clock() - self.started) * CAP_SHARE))
-
-    def next(self) -> float:
-        self.delay = min(self.cap(), self.delay * GROWTH)
-        return self.delay * (0.5 + 0.5 * self.draw())
 
 
 class Progress:
@@ -110,27 +91,6 @@ class Result:
 
     def __post_init__(self) -> None:
         self.count = max(self.count, len(self.missing))
-
-
-def search_domain(namespace: str, resolv_conf: str = "/etc/resolv.conf") -> str | None:
-    """The pod's `<namespace>.svc.<cluster domain>`: the first search domain the kubelet writes into a pod's
-    resolv.conf (dnsPolicy ClusterFirst); None when it is not there (another dnsPolicy, trainhook local)."""
-    try:
-        with open(resolv_conf) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        words = line.split()
-        if words[:1] == ["search"] and len(words) > 1 and words[1].startswith(f"{namespace}.svc."):
-            return words[1].rstrip(".")
-    return None
-
-
-def qualified(address: str, domain: str | None) -> str:
-    """`address` made absolute (`host-0.sub.ns.svc.cluster.local.`) when the pod's search domain is known: a name
-    not published yet then costs 2 queries (A, AAAA), not 2 for each search domain and the bare name (8 to 10)."""
-    return f"{address}.{domain}." if domain and not address.endswith(".") else address
 
 
 def resolves(address: str) -> bool:
@@ -468,11 +428,12 @@ class Lines:
 def join_gathering(gang: Gang, deadline: float) -> Result:
     """A member's side of the tcp barrier: connect to rank 0's wait and stay until it says `go`."""
     rank0 = gang.peers[0]
+    target = PeerAddress(rank0.address, search_domain(gang.namespace))  # asked once, not before every connect
     backoff, error, reported = Backoff(MEMBER_FLOOR), "no answer yet", None
     joined_once = False
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((rank0.address, gang.gang_wait_port), CONNECT_TIMEOUT) as conn:
+            with connect(target, gang.gang_wait_port, CONNECT_TIMEOUT) as conn:
                 conn.sendall(hello(gang))
                 lines = Lines(conn)
                 reply = lines.read(min(deadline, time.monotonic() + CONNECT_TIMEOUT))
@@ -500,6 +461,7 @@ def join_gathering(gang: Gang, deadline: float) -> Result:
             error = why(e)
         except ConnectionError as e:  # ours (what rank 0 answered) or a reset
             error = str(e) or why(e)
+            target.lost()  # rank 0's pod may have restarted, with another address: ask its name again
         except OSError as e:
             error = why(e)
         time.sleep(max(0.0, min(backoff.next(), deadline - time.monotonic())))

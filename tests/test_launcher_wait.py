@@ -19,6 +19,7 @@ import pytest
 
 from trainhook import keys
 from trainhook.launcher.gang import Gang, parse_gang
+from trainhook.launcher import reach
 from trainhook.launcher import wait as wait_module
 from trainhook.launcher.wait import PROTOCOL, answer, missing_line, parse_missing
 
@@ -121,7 +122,7 @@ def test_rank_0s_queries_per_poll_do_not_grow_with_the_gang(monkeypatch):
     threads; the lookups are the functions the wait is given)."""
     env = pod_env(0, **{keys.TH_REPLICAS: "master=1,worker=63"})
     gang = parse_gang(env)
-    monkeypatch.setattr(wait_module, "FIRST_DELAY", 0.001)
+    monkeypatch.setattr(reach, "FIRST_DELAY", 0.001)
     monkeypatch.setattr(wait_module, "GATHER_FLOOR", 0.002)
     present, asked, polls = [1], [], []
 

@@ -1,0 +1,136 @@
+"""launcher/reach.py: a peer's name is asked once and its address reused while connects are refused, asked again
+when the address may be stale; the launcher's connection to the coordinator (gang_run.Link) and the tcp gang wait
+use it (issue 26: a 32-pod gang's members asked rank 0's name 3,342 times, once before every connect attempt).
+
+Real sockets and a real coordinator on loopback; the lookup is a counting function standing in for the cluster
+DNS (whose own counts the node's test, tests/e2e/test_e2e_gang_scale.py, asserts)."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import time
+
+import pytest
+
+from test_gang_protocol import TOKEN, env, free_port, gang, next_directive
+from trainhook.launcher import reach
+from trainhook.launcher.coordinator import Coordinator, Report
+from trainhook.launcher.gang import parse_gang
+from trainhook.launcher.gang_run import Link
+from trainhook.launcher.lifecycle import Policy, read_settings
+
+
+class CountingLookup:
+    """name -> address, counting the questions; raises socket.gaierror (as NXDOMAIN does) until `published`."""
+
+    def __init__(self, address: str = "127.0.0.1", published: bool = True):
+        self.address, self.published, self.asked = address, published, []
+
+    def __call__(self, name: str) -> str:
+        self.asked.append(name)
+        if not self.published:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return self.address
+
+
+def refusing_port() -> tuple[socket.socket, int]:
+    """A bound, not yet listening socket: connects to its port are refused until it listens."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock, sock.getsockname()[1]
+
+
+def test_a_refused_peer_is_not_asked_again_and_a_lost_one_is():
+    server, port = refusing_port()
+    lookup = CountingLookup()
+    peer = reach.PeerAddress("job-0.job", "ml.svc.cluster.local", lookup=lookup)
+    try:
+        for _ in range(5):  # the peer's process does not listen yet: same host, same address
+            with pytest.raises(ConnectionRefusedError):
+                reach.connect(peer, port, 1.0)
+        assert lookup.asked == ["job-0.job.ml.svc.cluster.local."]  # once, absolute
+        server.listen()
+        reach.connect(peer, port, 1.0).close()
+        assert len(lookup.asked) == 1
+        peer.lost()  # a connection that was up went away: the pod may be new, with a new address
+        reach.connect(peer, port, 1.0).close()
+        assert len(lookup.asked) == 2
+    finally:
+        server.close()
+
+
+def test_an_address_that_stops_answering_or_ages_is_asked_again():
+    now = [0.0]
+    lookup = CountingLookup()
+    peer = reach.PeerAddress("job-0.job", None, reuse_for=10.0, lookup=lookup, clock=lambda: now[0])
+    assert peer.get() == "127.0.0.1" and peer.get() == "127.0.0.1" and len(lookup.asked) == 1
+    now[0] = 10.0  # refused for REUSE_FOR: ask again, in case the refusals come from someone else's pod
+    peer.get()
+    assert len(lookup.asked) == 2
+    peer.failed(socket.timeout("timed out"))  # no answer at all: the address may be gone
+    peer.get()
+    assert len(lookup.asked) == 3
+    peer.failed(OSError(113, "No route to host"))
+    peer.get()
+    assert len(lookup.asked) == 4
+    peer.failed(ConnectionRefusedError())  # a live host: keep it
+    peer.get()
+    assert len(lookup.asked) == 4
+
+
+def test_a_name_not_published_yet_is_asked_on_each_attempt_and_then_kept():
+    lookup = CountingLookup(published=False)
+    peer = reach.PeerAddress("job-0.job", None, lookup=lookup)
+    for _ in range(3):
+        with pytest.raises(socket.gaierror):
+            reach.connect(peer, free_port(), 1.0)
+    assert len(lookup.asked) == 3 and peer.address is None
+    lookup.published = True
+    server, port = refusing_port()
+    with server:
+        for _ in range(3):
+            with pytest.raises(ConnectionRefusedError):
+                reach.connect(peer, port, 1.0)
+    assert len(lookup.asked) == 4
+
+
+def test_addresses_and_absolute_names_are_left_as_they_are():
+    assert reach.qualified("10.244.0.7", "ml.svc.cluster.local") == "10.244.0.7"
+    assert reach.qualified("fd00::7", "ml.svc.cluster.local") == "fd00::7"
+    assert reach.qualified("job-0.job.ml.svc.cluster.local.", "ml.svc.cluster.local") == \
+        "job-0.job.ml.svc.cluster.local."
+    assert reach.qualified("job-0.job", "ml.svc.cluster.local") == "job-0.job.ml.svc.cluster.local."
+
+
+def test_a_member_waiting_for_a_late_coordinator_asks_its_name_once():
+    """The coordinator starts 2 s after the member's launcher: the member's Link retries (refused) on its
+    backoff, reusing rank 0's address, then joins; when the coordinator goes, the member asks the name again."""
+    port = free_port()
+    settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
+    settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
+    lookup = CountingLookup()
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    member = Link(gang(2, 1, address="g-0.g"), settings, events, Report())
+    member.target.lookup = lookup
+    member.start()
+    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=lambda line: None)
+    rank0 = Link(gang(2, 0), settings, queue.SimpleQueue(), Report())
+    try:
+        time.sleep(2.0)
+        assert member.last_error.startswith("connection refused")
+        assert lookup.asked == ["g-0.g"]  # no search domain outside a pod: the name as given, once
+        coordinator.start()
+        rank0.start()
+        assert next_directive(events, "start", timeout=15)["attempt"] == 1
+        assert lookup.asked == ["g-0.g"]
+        coordinator.close()
+        deadline = time.monotonic() + 10
+        while len(lookup.asked) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(lookup.asked) == 2  # the connection was lost: rank 0 may come back elsewhere
+    finally:
+        member.close()
+        rank0.close()
+        coordinator.close()
+
