@@ -1,11 +1,13 @@
-"""The launcher's outcome recording against the real Kubernetes 1.20 control plane (hack/cluster.py).
+"""The launcher's outcome recording against the real Kubernetes 1.20 control plane (hack/cluster.py), through the
+notary (docs/security.md).
 
-A real `trainhook-launch run` process plays rank 0 of a one-member StatefulSet gang, with the in-cluster
-configuration a pod would have: KUBERNETES_SERVICE_HOST/PORT and a ServiceAccount's token and CA in the directory
-TRAINHOOK_SERVICE_ACCOUNT_DIR names (the kubelet mounts them at /var/run/secrets/kubernetes.io/serviceaccount).
-With the chart's training ClusterRole bound (rendered by Helm, as installed), it records the outcome on the
-StatefulSet and scales it to zero, and the StatefulSet controller deletes the (Pending: no kubelet) pods. Without
-the binding, the API answers 403 and the launcher parks, saying why.
+A real `trainhook-launch run` process plays rank 0 of a one-member StatefulSet gang. Like a training pod it holds no
+Kubernetes permission: no ServiceAccount token of the API's audience, no KUBERNETES_SERVICE_HOST; only its pod's
+projected identity token (a real pod-bound token from the TokenRequest API, audience `trainhook`) and the notary's
+URL and CA. The notary (the webhook's console script with `--notary-authority cluster`: test_notary_cluster's
+module fixture) verifies the token with a real TokenReview, gives the launcher its gang's key, and records the
+outcome the launcher posts on the StatefulSet and scales it to zero; the StatefulSet controller then deletes the
+(Pending: no kubelet) pods. A launcher whose pod is not a member gets no key and says why.
 """
 
 from __future__ import annotations
@@ -16,27 +18,18 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
-from chart_render import find, render_chart
+from conftest_cluster import control_plane, k8s_namespace  # noqa: F401  (fixtures)
 from helpers import wait_for
-from conftest_cluster import (  # noqa: F401  (fixtures)
-    control_plane,
-    k8s_namespace,
-    wait_for_service_account_token,
-)
+from test_notary_cluster import create_gang, imposter_pod, notary, pod_token  # noqa: F401  (notary: a fixture)
 from trainhook.launcher.lifecycle import EXIT_CODE, PHASE, PHASE_REASON, PHASE_TIME
 
 pytestmark = pytest.mark.cluster
 NAME = "solo"
-
-
 
 
 def free_port() -> int:
@@ -46,24 +39,22 @@ def free_port() -> int:
 
 
 class Launcher:
-    """`trainhook-launch run -- CMD` as rank 0 (the only member) of the StatefulSet gang NAME, as a pod's
-    ServiceAccount. Its stderr is collected line by line."""
+    """`trainhook-launch run -- CMD` as rank 0 (the only member) of the StatefulSet gang NAME, with pod `pod`'s
+    identity token and the notary the webhook would inject. Its stderr is collected line by line."""
 
-    def __init__(self, plane, namespace: str, token: str, directory: Path, command: list[str]):
-        sa = directory / "serviceaccount"
-        sa.mkdir(parents=True, exist_ok=True)
-        (sa / "token").write_text(token)
-        (sa / "ca.crt").write_bytes(plane.ca_pem)
-        (sa / "namespace").write_text(namespace)
-        url = urlparse(plane.host)
+    def __init__(self, notary_hook, api, namespace: str, pod: str, directory: Path, command: list[str],
+                 **more: str):
+        directory.mkdir(parents=True, exist_ok=True)
+        token = directory / "identity-token"
+        token.write_text(pod_token(api, namespace, pod))
         env = {"PATH": os.environ["PATH"], "HOME": str(directory),
-               "KUBERNETES_SERVICE_HOST": url.hostname, "KUBERNETES_SERVICE_PORT": str(url.port),
-               "TRAINHOOK_SERVICE_ACCOUNT_DIR": str(sa),
                "TRAINHOOK_FRAMEWORK": "pytorch", "TRAINHOOK_JOB_NAME": NAME, "TRAINHOOK_NAMESPACE": namespace,
                "TRAINHOOK_ROLE": "worker", "TRAINHOOK_INDEX": "0", "TRAINHOOK_RANK": "0",
                "TRAINHOOK_REPLICAS": "worker=1", "TRAINHOOK_HOSTS": f"worker={NAME}", "TRAINHOOK_SUBDOMAIN": NAME,
-               "TRAINHOOK_GANG_TOKEN": "0" * 64, "TRAINHOOK_COORDINATOR_PORT": str(free_port()),
-               "TRAINHOOK_WORKLOAD": f"StatefulSet/{NAME}", "TRAINHOOK_RESTART_POLICY": "Always"}
+               "TRAINHOOK_COORDINATOR_PORT": str(free_port()), "TRAINHOOK_STATE_DIR": str(directory / "state"),
+               "TRAINHOOK_WORKLOAD": f"StatefulSet/{NAME}", "TRAINHOOK_RESTART_POLICY": "Always",
+               "TRAINHOOK_NOTARY": notary_hook.notary_url, "TRAINHOOK_NOTARY_CA": notary_hook.ca_file.read_text(),
+               "TRAINHOOK_IDENTITY_TOKEN": str(token), **more}
         self.proc = subprocess.Popen([sys.executable, "-m", "trainhook.launcher.cli", "run", "--", *command],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
@@ -92,93 +83,72 @@ class Launcher:
                 self.proc.kill()
 
 
-@pytest.fixture
-def gang_workload(control_plane, k8s_namespace):  # noqa: F811
-    """A 2-replica StatefulSet (its pods stay Pending) and the ServiceAccounts `trainer` (bound to the chart's
-    training ClusterRole, rendered by Helm with trainingServiceAccounts) and `nobody` (bound to nothing)."""
-    ns = k8s_namespace
-    manifests = render_chart({"fullnameOverride": f"th-{ns}",
-                              "trainingServiceAccounts": [{"namespace": ns, "name": "trainer"}]})
-    role = find(manifests, "ClusterRole", f"th-{ns}-training")
-    binding = find(manifests, "RoleBinding", f"th-{ns}-training-trainer")
-    with control_plane.api_client() as api:
-        core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
-        rbac.create_cluster_role(role)
-        rbac.create_namespaced_role_binding(ns, binding)
-        tokens = {}
-        for sa in ("trainer", "nobody"):
-            core.create_namespaced_service_account(ns, {"metadata": {"name": sa}})
-            tokens[sa] = wait_for_service_account_token(api, ns, sa)
-        labels = {"app": NAME}
-        apps.create_namespaced_stateful_set(ns, {
-            "metadata": {"name": NAME, "labels": {"trainhook.dev/framework": "pytorch"}},
-            "spec": {"replicas": 2, "serviceName": NAME, "podManagementPolicy": "Parallel",
-                     "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "trainer", "image": "registry.example/t:1"}]}}},
-        })
-        wait_for("the StatefulSet's pods", lambda: len(core.list_namespaced_pod(ns).items) == 2)
-        try:
-            yield api, ns, tokens
-        finally:
-            try:
-                rbac.delete_cluster_role(role["metadata"]["name"])
-            except ApiException:
-                pass
-
-
 @pytest.mark.parametrize("code, phase", [(0, "Succeeded"), (3, "Failed")])
-def test_with_the_chart_role_the_launcher_records_the_phase_and_scales_the_statefulset_to_zero(
-        control_plane, gang_workload, tmp_path, code, phase):  # noqa: F811
-    api, ns, tokens = gang_workload
+def test_the_notary_records_the_launchers_outcome_and_scales_the_statefulset_to_zero(
+        notary, control_plane, k8s_namespace, tmp_path, code, phase):  # noqa: F811
+    api = control_plane.api_client()
+    ns = k8s_namespace
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-    launcher = Launcher(control_plane, ns, tokens["trainer"], tmp_path,
+    create_gang(api, ns, NAME, replicas=1)
+    launcher = Launcher(notary, api, ns, f"{NAME}-0", tmp_path,
                         [sys.executable, "-c", f"print('training'); raise SystemExit({code})"])
     try:
         launcher.wait_for_line("parked:")
-        assert f"recorded the outcome on StatefulSet/{NAME}: {phase}" in launcher.log
-        assert f"scaled StatefulSet/{NAME} to zero: its controller deletes the gang's pods" in launcher.log
-        assert f"StatefulSet/{NAME} is scaled to zero, so its pods are deleted shortly" in launcher.log
+        assert f"the notary recorded the outcome: {phase}" in launcher.log
+        assert (f"the notary recorded {phase} on the gang's workloads and stops it (a StatefulSet is scaled to "
+                "zero)") in launcher.log
         sts = apps.read_namespaced_stateful_set(NAME, ns)
         assert sts.spec.replicas == 0
         annotations = sts.metadata.annotations
         assert annotations[PHASE] == phase and annotations[EXIT_CODE] == str(code)
+        assert sts.metadata.labels[PHASE] == phase
         assert annotations[PHASE_REASON] == (f"rank 0 (worker-0 at {NAME}-0.{NAME}) exited "
                                              + ("0" if code == 0 else f"with {code}"))
         assert annotations[PHASE_TIME].endswith("Z")
+        events = [e for e in core.list_namespaced_event(ns).items if e.source.component == "trainhook-notary"]
+        assert [e.reason for e in events] == ["GangSucceeded" if code == 0 else "GangFailed"]
         wait_for("the StatefulSet controller to delete the pods", lambda: not core.list_namespaced_pod(ns).items)
     finally:
         assert launcher.stop() == code, launcher.log
 
-    # A container restarted after that (or a pod recreated) reads the recorded outcome and never trains again.
+
+def test_a_restarted_coordinator_learns_the_outcome_from_the_notary_and_does_not_train(
+        notary, control_plane, k8s_namespace, tmp_path):  # noqa: F811
+    """A container restarted after the record (its state directory gone: a pod replaced) asks the notary."""
+    api = control_plane.api_client()
+    create_gang(api, k8s_namespace, NAME, replicas=1)
+    first = Launcher(notary, api, k8s_namespace, f"{NAME}-0", tmp_path / "first",
+                     [sys.executable, "-c", "raise SystemExit(3)"])
+    try:
+        first.wait_for_line("parked:")
+    finally:
+        first.stop()
+    client.AppsV1Api(api).patch_namespaced_stateful_set_scale(NAME, k8s_namespace, {"spec": {"replicas": 1}})
+    wait_for("the pod again", lambda: client.CoreV1Api(api).list_namespaced_pod(k8s_namespace).items)
     marker = tmp_path / "trained-again"
-    again = Launcher(control_plane, ns, tokens["trainer"], tmp_path / "again",
+    again = Launcher(notary, api, k8s_namespace, f"{NAME}-0", tmp_path / "again",
                      [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
     try:
         again.wait_for_line("parked:")
-        assert f"StatefulSet/{NAME} records that the gang is done ({phase}" in again.log
-        assert "kubectl annotate statefulset solo trainhook.dev/phase-" in again.log
-        assert "not running the training" in again.log
+        assert "not running the training" in again.log, again.log
     finally:
         again.stop()
     assert not marker.exists()
 
 
-def test_without_the_role_the_launcher_gets_403_and_parks_saying_why(control_plane, gang_workload,
+def test_a_launcher_whose_pod_is_not_a_member_gets_no_key_and_says_why(notary, control_plane, k8s_namespace,
                                                                        tmp_path):  # noqa: F811
-    api, ns, tokens = gang_workload
-    launcher = Launcher(control_plane, ns, tokens["nobody"], tmp_path, [sys.executable, "-c", "print('training')"])
+    api = control_plane.api_client()
+    create_gang(api, k8s_namespace, NAME, replicas=1)
+    client.CoreV1Api(api).create_namespaced_pod(k8s_namespace, imposter_pod(NAME, 0, "imposter"))
+    marker = tmp_path / "trained"
+    launcher = Launcher(notary, api, k8s_namespace, "imposter", tmp_path,
+                        [sys.executable, "-c", f"open({str(marker)!r}, 'w')"], TRAINHOOK_WAIT_TIMEOUT="5")
     try:
-        line = launcher.wait_for_line("parked:")
-        assert (f"the outcome is not recorded on StatefulSet/{NAME} and it is not scaled to zero: cannot record the "
-                f"outcome on StatefulSet/{NAME}: statefulsets.apps \"{NAME}\" is forbidden: User "
-                f"\"system:serviceaccount:{ns}:nobody\" cannot patch resource \"statefulsets\"") in line
-        assert "(HTTP 403): bind the pod's ServiceAccount to the chart's training ClusterRole" in line
-        # reading the recorded outcome at start was refused too, and said so
-        assert "could not read the outcome recorded on StatefulSet/solo" in launcher.log
-        sts = client.AppsV1Api(api).read_namespaced_stateful_set(NAME, ns)
-        assert sts.spec.replicas == 2 and PHASE not in (sts.metadata.annotations or {})
-        time.sleep(1)
-        assert launcher.proc.poll() is None  # parked, not exited (its container would rerun the training)
+        code = launcher.proc.wait(timeout=60)
     finally:
-        assert launcher.stop() == 0, launcher.log
+        launcher.stop()
+    assert code != 0 and not marker.exists(), launcher.log
+    assert "HTTP 403" in launcher.log and "imposter" in launcher.log, launcher.log
+    sts = client.AppsV1Api(api).read_namespaced_stateful_set(NAME, k8s_namespace)
+    assert sts.spec.replicas == 1 and PHASE not in (sts.metadata.annotations or {})
