@@ -81,6 +81,7 @@ class GangState:
     short_since: float | None = None  # an elastic gang has had fewer than min members since
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message) for the notary
     claims_refused: set = field(default_factory=set)  # ranks whose claimed outcome was refused (logged once)
+    tails: dict = field(default_factory=dict)  # rank -> the last lines of its latest ended training (the outcome's)
 
     def __post_init__(self) -> None:
         self.records = [Record() for _ in self.gang.peers]
@@ -195,6 +196,8 @@ class GangState:
 
     def _learn(self, rank: int, report: Report) -> None:
         """Take what a member knows and this coordinator does not (after rank 0's launcher restarted)."""
+        if report.tail is not None and self.outcome is None:
+            self.tails[rank] = report.tail
         if report.outcome is not None and self.outcome is None:
             if rank not in self.claims_refused:
                 self.claims_refused.add(rank)
@@ -244,7 +247,7 @@ class GangState:
         else:
             code = EXIT_LOST if record.code is None else record.code
             how = "exited with" if record.status == EXITED else "stopped with"
-            self._failure(rank, code, f"{peer} {how} {code}")
+            self._failure(rank, code, f"{peer} {how} {code}" + (f" ({report.cause})" if report.cause else ""))
 
     def _failure(self, rank: int, code: int, why: str) -> None:
         policy = self.policy

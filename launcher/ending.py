@@ -34,9 +34,10 @@ def say(message: str) -> None:
 
 
 def record_outcome(gang: Gang, settings: Settings, outcome: Outcome, log=say,
-                   notary: identity.Notary | None = None) -> str:
+                   notary: identity.Notary | None = None, details: dict | None = None) -> str:
     """The coordinator records the outcome through the notary (which also stops a StatefulSet and emits the
-    Event); the other members leave it to it. Returns what happened, in words, for the exit or parking message."""
+    Event); the other members leave it to it. Returns what happened, in words, for the exit or parking message.
+    `details` go with it for a finished gang's inspection (identity.Notary.record_outcome)."""
     if gang.rank != COORDINATOR_RANK:
         return f"the coordinator ({gang.peers[COORDINATOR_RANK]}) records the outcome through the notary"
     if notary is None:
@@ -49,7 +50,7 @@ def record_outcome(gang: Gang, settings: Settings, outcome: Outcome, log=say,
     end, last = time.monotonic() + RECORD_DEADLINE, ""
     while True:
         try:
-            recorded = notary.record_outcome(outcome)
+            recorded = notary.record_outcome(outcome, details)
             break
         except identity.NotaryError as e:
             last = str(e)

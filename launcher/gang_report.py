@@ -13,6 +13,9 @@ from trainhook.launcher.lifecycle import Outcome
 # A member's status, as it reports it (and as the coordinator records it).
 IDLE, RUNNING, EXITED, STOPPED, DONE = "idle", "running", "exited", "stopped", "done"
 STATUSES = (IDLE, RUNNING, EXITED, STOPPED, DONE)
+# An ended training's last lines (output_tail.TAIL_BYTES of UTF-8, which JSON may spell up to 6 times longer: well
+# within the wire's 64 KiB line) and why it could not start, in words.
+MAX_TAIL, MAX_CAUSE = 4096, 256
 
 
 @dataclass
@@ -25,10 +28,17 @@ class Report:
     restarts: int = 0
     since: float | None = None  # wall-clock time the gang's first attempt started, as this member knows it
     outcome: dict | None = None
+    tail: str | None = None  # the last lines of this attempt's training, once it ended (output_tail)
+    cause: str = ""  # why the training could not start (`command not found: torchrun`), once it ended
 
     def to_dict(self) -> dict:
-        return {"attempt": self.attempt, "status": self.status, "code": self.code, "restarts": self.restarts,
+        body = {"attempt": self.attempt, "status": self.status, "code": self.code, "restarts": self.restarts,
                 "since": self.since, "outcome": self.outcome}
+        if self.tail is not None:
+            body["tail"] = self.tail
+        if self.cause:
+            body["cause"] = self.cause
+        return body
 
     @classmethod
     def from_dict(cls, data: object) -> Report:
@@ -48,7 +58,12 @@ class Report:
             raise ValueError("since must be a number")
         if outcome is not None:
             Outcome.from_dict(outcome)
-        return cls(attempt, status, code, restarts, since, outcome)
+        tail, cause = data.get("tail"), data.get("cause", "")
+        if tail is not None and (not isinstance(tail, str) or len(tail.encode("utf-8", "replace")) > MAX_TAIL):
+            raise ValueError(f"tail must be text of at most {MAX_TAIL} bytes")
+        if not isinstance(cause, str) or len(cause) > MAX_CAUSE:
+            raise ValueError(f"cause must be text of at most {MAX_CAUSE} characters")
+        return cls(attempt, status, code, restarts, since, outcome, tail, cause)
 
 
 @dataclass

@@ -26,9 +26,11 @@ Rank 0's launcher connects to its own coordinator over loopback, so every member
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import sys
@@ -44,9 +46,10 @@ from trainhook.launcher import ending, identity
 from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, Report
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
-from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, read_settings)
+from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, now_rfc3339,
+                                          read_settings)
 from trainhook.launcher.reach import Backoff, PeerAddress, connect, search_domain
-from trainhook.launcher.run import FORWARDED, Training, reap_exited, run_command
+from trainhook.launcher.run import EXIT_NOT_FOUND, FORWARDED, Training, reap_exited, run_command
 
 POLL = 0.2
 DELIVERY_TIMEOUT = 10.0  # how long rank 0 waits for every member to hear the outcome before it leaves
@@ -57,6 +60,9 @@ DELIVERY_TIMEOUT = 10.0  # how long rank 0 waits for every member to hear the ou
 LINK_FLOOR = 0.5
 REPORT_EVERY = 30.0
 MARKER = "outcome.json"
+# A missing command as shells and the launcher say it: `exec: torchrun: not found`, `torchrun: command not found`,
+# `command not found: torchrun`.
+MISSING = re.compile(r"(?:^|\s|:)([^\s:]+): (?:command )?not found\s*$|command not found: (\S+)")
 
 
 def say(message: str) -> None:
@@ -355,6 +361,8 @@ class Member:
         return None
 
     def exited(self, attempt: int, code: int) -> int | None:
+        if self.training is not None:  # its last lines go with its exit report (kept with a failed outcome)
+            self.report.tail, self.report.cause = self.training.tail(), command_missing(code, self.training.tail())
         self.training, self.last_code = None, code
         self.report.status = STOPPED if self.stopping else EXITED
         self.report.code = code
@@ -397,9 +405,11 @@ class Member:
         say(f"attempt {attempt}: starting the training" + (f" (gang restart {attempt - 1})" if attempt > 1 else ""))
         training = Training(self.argv, attempt_env(self.env, attempt),
                             lambda code: self.events.put(("exited", attempt, code)))
+        self.report.tail, self.report.cause = None, ""
         failed = training.start()
         if failed is not None:
             self.report.status, self.report.code, self.last_code = EXITED, failed, failed
+            self.report.tail, self.report.cause = "", training.cause
             self.link.update(self.report)
             return
         self.training = training
@@ -451,8 +461,19 @@ class Member:
                 reap_exited()
 
     def record_outcome(self, outcome: Outcome) -> str:
-        """Only the coordinator records the outcome, through the notary (ending.record_outcome)."""
-        return ending.record_outcome(self.gang, self.settings, outcome, say, self.notary)
+        """Only the coordinator records the outcome, through the notary (ending.record_outcome), with what a
+        finished gang is inspected by: when its first attempt started, and the last lines of the rank that
+        decided it and of rank 0 (its own, taken here: its report may still be on the loopback)."""
+        details: dict = {}
+        if self.coordinator is not None:
+            state = self.coordinator.state
+            if state.since is not None:
+                details["started"] = now_rfc3339(dt.datetime.fromtimestamp(state.since, dt.timezone.utc))
+            tails = dict(state.tails)
+            if self.report.tail is not None:
+                tails[self.gang.rank] = self.report.tail
+            details["logs"] = {str(rank): tails[rank] for rank in dict.fromkeys((outcome.rank, 0)) if rank in tails}
+        return ending.record_outcome(self.gang, self.settings, outcome, say, self.notary, details)
 
     def recorded_outcome(self) -> Outcome | None:
         """What the notary recorded for this gang before this launcher started (rank 0: a restarted coordinator
@@ -520,6 +541,18 @@ class Member:
         """The launcher's state for `trainhook local` (TRAINHOOK_LOCAL_STATUS); nothing in a cluster."""
         ending.write_local_status(self.settings, ending.status_document(
             self.gang, state, self.outcome, self.report.attempt, self.last_code), say)
+
+
+def command_missing(code: int, tail: str) -> str:
+    """`command not found: NAME` when the training exited 127 and its last lines say a command was not found (a
+    shell's `exec: torchrun: not found`, bash's `torchrun: command not found`), so the outcome names it."""
+    if code != EXIT_NOT_FOUND:
+        return ""
+    for line in reversed(tail.splitlines()[-5:]):
+        found = MISSING.search(line)
+        if found:
+            return f"command not found: {found.group(1) or found.group(2)}"[:200]
+    return ""
 
 
 def run_gang(argv: Sequence[str], env: Mapping[str, str]) -> int:

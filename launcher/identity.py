@@ -117,10 +117,12 @@ class Notary:
         answer = self.call("GET", "/v1/outcome")
         return None if answer.get("outcome") is None else self._outcome(answer["outcome"])
 
-    def record_outcome(self, outcome: Outcome) -> Outcome:
+    def record_outcome(self, outcome: Outcome, details: dict | None = None) -> Outcome:
         """POST /v1/outcome (the coordinator only): the notary records it once on the gang's workloads, scales a
-        StatefulSet to zero and emits an Event; returns the recorded outcome (an earlier one wins)."""
-        answer = self.call("POST", "/v1/outcome", {"outcome": outcome.to_dict()})
+        StatefulSet to zero and emits an Event; returns the recorded outcome (an earlier one wins). `details`
+        join the outcome's fields: `started` (RFC 3339) and `logs` ({rank: its last lines}), which the notary
+        keeps, bounded, for a finished gang's `trainhook status` and `logs`."""
+        answer = self.call("POST", "/v1/outcome", {"outcome": {**outcome.to_dict(), **(details or {})}})
         return self._outcome(answer.get("outcome"))
 
     def emit_event(self, type_: str, reason: str, message: str) -> None:

@@ -9,8 +9,10 @@ retryable and 1-127 as permanent.
 
 In a gang (the webhook's TRAINHOOK_* variables are set), `run` is gang-aware: gang_run coordinates every
 member's training (completion, failure, restarts) and runs each attempt as a `Training`, which keeps this
-module's promises (signals forwarded, exit code kept, orphans reaped as PID 1). Outside a gang, `run_command`
-runs the command alone, as it always did.
+module's promises (signals forwarded, exit code kept, orphans reaped as PID 1) and keeps the last lines of its
+output (output_tail.Tee: passed on to the container's stdout/stderr unchanged and at once), so the gang's outcome
+can carry them when the pods are gone. Outside a gang, `run_command` runs the command alone, as it always did
+(its output goes straight to the container's).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 from typing import Callable, Mapping, Sequence
 
 from trainhook import keys
+from trainhook.launcher.output_tail import Tee
 
 # Signals a pod's command should see: Kubernetes' stop (TERM), a terminal's (INT, HUP), and the USR pair that
 # schedulers and checkpointing code use for "save now".
@@ -141,31 +144,50 @@ class Training:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_exit: Callable[[int], None]):
         self.argv, self.env, self.on_exit = list(argv), dict(env), on_exit
         self.proc: subprocess.Popen[bytes] | None = None
+        self.tee: Tee | None = None
+        self.cause = ""  # why it could not start, in words (the outcome's reason carries it)
 
     def start(self) -> int | None:
-        """Start the command; None when it runs, else the shell's code for why it could not (127, 126)."""
+        """Start the command; None when it runs, else the shell's code for why it could not (127, 126), with
+        the reason in `cause`. Its stdout and stderr go through a Tee: on to the container's, unchanged and at
+        once, and the last lines kept (`tail()`)."""
+        tee = Tee()
+        out, err = tee.child_fds()
         try:
             # Its own process group (not session: a container's processes share its session, which is how
             # `trainhook local` ends a container whole, as a runtime does).
             if sys.version_info >= (3, 11):
-                self.proc = subprocess.Popen(self.argv, env=self.env, process_group=0)  # novm (3.11 checked)
+                self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=err,
+                                             process_group=0)  # novm (3.11 checked)
             else:  # Python 3.8 to 3.10, an image's
-                self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=os.setpgrp)
+                self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=err,
+                                             preexec_fn=os.setpgrp)
         except FileNotFoundError:
-            print(f"trainhook-launch: command not found: {self.argv[0]}", file=sys.stderr, flush=True)
+            tee.abandon()
+            self.cause = f"command not found: {self.argv[0]}"
+            print(f"trainhook-launch: {self.cause}", file=sys.stderr, flush=True)
             return EXIT_NOT_FOUND
         except OSError as e:
-            print(f"trainhook-launch: cannot execute {self.argv[0]}: {e.strerror or e}", file=sys.stderr,
-                  flush=True)
+            tee.abandon()
+            self.cause = f"cannot execute {self.argv[0]}: {e.strerror or e}"
+            print(f"trainhook-launch: {self.cause}", file=sys.stderr, flush=True)
             return EXIT_CANNOT_EXECUTE
+        tee.started()
+        self.tee = tee
         threading.Thread(target=self._wait, daemon=True, name="training-waiter").start()
         return None
+
+    def tail(self) -> str:
+        """The last lines the command printed (output_tail's bounds); "" before it ran."""
+        return self.tee.tail.text() if self.tee is not None else ""
 
     def _wait(self) -> None:
         assert self.proc is not None
         status = wait_for(self.proc.pid, reap_all=os.getpid() == 1)
         self.proc.returncode = returncode(status)  # collected here: Popen must not wait again
         self.kill_group()  # what the command left behind goes with it, so no stale peer outlives an attempt
+        if self.tee is not None:
+            self.tee.finish()  # its last lines are in the tail before its exit is reported
         self.on_exit(exit_code(status))
 
     def signal(self, signum: int) -> None:

@@ -56,6 +56,7 @@ def test_the_function_is_shipped_in_the_command_as_kubeflow_does():
                         "--index-url https://pypi.example/simple 'numpy==2.*' 'a b'")
     assert lines[3] == f"cat > \"$program_path/ephemeral_script.py\" <<'{DELIMITER}'"  # quoted: nothing expands
     assert lines[-1] == 'exec torchrun "$program_path/ephemeral_script.py"'
+    assert lines[-2].startswith("command -v torchrun >/dev/null 2>&1 || { echo \"command not found: torchrun ")
     assert function_command(report_process, None, "jax")[2].splitlines()[-1] == \
         'exec python "$program_path/ephemeral_script.py"'
 

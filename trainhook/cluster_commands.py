@@ -189,45 +189,39 @@ def list_main(args: argparse.Namespace) -> int:
 # --- logs ---------------------------------------------------------------------------------------------------
 
 def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = "Every pod's log in rank order, each line prefixed with [pod]."
+    parser.description = ("Every pod's log in rank order, each line prefixed with [pod]. A finished gang whose pods are "
+                          "gone (a StatefulSet gang is scaled to zero) shows the last lines kept with its outcome "
+                          "(the deciding rank's and rank 0's), said so on stderr.")
     parser.add_argument("name", help="the gang's name")
-    parser.add_argument("-f", "--follow", action="store_true", help="keep streaming every pod's log")
+    parser.add_argument("-f", "--follow", action="store_true",
+                        help="keep streaming every pod's log (waiting for pods that have not started)")
     parser.add_argument("-c", "--container", help="this container instead of the training container "
                                                   f"(e.g. {keys.GANG_WAIT_CONTAINER})")
     parser.add_argument("--tail", type=int, metavar="LINES", help="only the last LINES lines of each pod")
     add_connection_arguments(parser)
 
 
-def _stream(cluster, pod: dict, container: str, follow: bool, tail: int | None, lock: threading.Lock) -> None:
-    from trainhook.gang_status import container_started
-
-    name = pod["metadata"]["name"]
-    while follow and not container_started(pod, container):
-        time.sleep(1.0)
-        current = cluster.read_pod(name)
-        if current is None or current["metadata"].get("deletionTimestamp"):
-            return  # deleted before it ever ran: nothing to follow
-        pod = current
-    for line in cluster.log_lines(name, container, follow, tail):
-        with lock:
-            sys.stdout.write(f"[{name}] {line}\n")
-            sys.stdout.flush()
-
-
 def logs_main(args: argparse.Namespace) -> int:
+    """Every pod's log; a pod that went before its log could be read (a finished StatefulSet gang is scaled to
+    zero) is shown by the last lines kept with the gang's outcome, said so on stderr (trainhook/gang_logs.py)."""
     from trainhook.cluster_client import ClusterError
-    from trainhook.gang_status import container_started, pod_rank, training_container_name
+    from trainhook.gang_logs import RECORD_WAIT, in_rank_order, kept_for, read_pod_log, state_of, wait_for_pods
+    from trainhook.gang_status import container_started, training_container_name
 
     try:
         cluster = connect(args)
-        pods = cluster.gang(args.name).pods
     except ClusterError as e:
         return _error(str(e))
-    if not pods:
-        return _error(f"gang {args.name} has no pods in namespace {cluster.namespace}")
-    pods.sort(key=lambda p: (pod_rank(p) is None, pod_rank(p) or 0, p["metadata"]["name"]))
     lock = threading.Lock()
     failures: list[str] = []
+    missed: list[dict] = []
+
+    def emit_for(name: str):
+        def emit(line: str) -> None:
+            with lock:
+                sys.stdout.write(f"[{name}] {line}\n")
+                sys.stdout.flush()
+        return emit
 
     def one(pod: dict) -> None:
         container = args.container or training_container_name(pod)
@@ -236,11 +230,16 @@ def logs_main(args: argparse.Namespace) -> int:
                 print(f"[{pod['metadata']['name']}] (no log yet: {container} has not started)", file=sys.stderr)
             return
         try:
-            _stream(cluster, pod, container, args.follow, args.tail, lock)
+            if not read_pod_log(cluster, pod, container, args.follow, args.tail, emit_for(pod["metadata"]["name"])):
+                missed.append(pod)
         except ClusterError as e:
             failures.append(str(e))
 
     try:
+        state, pods = wait_for_pods(cluster, args.name) if args.follow else state_of(cluster, args.name)
+        if not pods and not state.finished:
+            return _error(f"gang {args.name} has no pods in namespace {cluster.namespace}")
+        pods = in_rank_order(pods)
         if args.follow:
             threads = [threading.Thread(target=one, args=(pod,), daemon=True) for pod in pods]
             for thread in threads:
@@ -251,11 +250,37 @@ def logs_main(args: argparse.Namespace) -> int:
         else:
             for pod in pods:
                 one(pod)
+        if not pods or missed:
+            _, kept = kept_for(cluster, args.name, wait=0 if not pods else RECORD_WAIT)
+            failures += print_kept(args.name, kept, in_rank_order(missed), not pods)
+    except ClusterError as e:
+        failures.append(str(e))
     finally:
         cluster.close()
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0
+
+
+def print_kept(name: str, kept, missed: list[dict], whole: bool) -> list[str]:
+    """Print the kept last lines for the pods that went (every kept rank when `whole`: the gang has no pods at
+    all); returns what could not be shown."""
+    from trainhook.gang_logs import kept_label, kept_of_pod, notice
+
+    shown = list(kept) if whole else [k for k in (kept_of_pod(kept, pod) for pod in missed) if k is not None]
+    for entry in shown:
+        print(notice(entry), file=sys.stderr, flush=True)
+        for line in entry.lines.splitlines():
+            sys.stdout.write(f"[{kept_label(entry)}] {line}\n")
+        sys.stdout.flush()
+    if whole and not shown:
+        return [f"gang {name} is finished and its pods are gone; no last lines were kept with its outcome (they are "
+                "kept when its launchers record it through the notary: docs/gang-lifecycle.md)"]
+    for pod in missed:
+        if kept_of_pod(kept, pod) is None:
+            print(f"[{pod['metadata']['name']}] (its pod went before its log could be read; only the deciding "
+                  "rank's and rank 0's last lines are kept with the outcome)", file=sys.stderr, flush=True)
+    return []
 
 
 # --- delete -------------------------------------------------------------------------------------------------

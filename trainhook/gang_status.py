@@ -4,10 +4,16 @@ The rank of a pod is the `TRAINHOOK_RANK` the webhook wrote into its training co
 `trainhook.dev/phase` the launchers record on the workload when the gang ends (with `phase-reason`,
 `exit-code` and `phase-time`; read with the launcher's own `Outcome.from_annotations`, the reader paired with
 the writer), else what the Jobs and the pods say (all pods Succeeded: Succeeded; any Failed: Failed).
+
+A finished StatefulSet gang is scaled to zero, so its pods and their logs are gone: what it is inspected by then
+is what the notary recorded with the outcome (`Recorded`: the deciding rank and its pod, the attempts, the start
+and end times, and the last lines of the deciding rank and rank 0), and its shape is the one its pod template
+keeps (`trainhook.dev/replicas`), not `worker=0`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +35,30 @@ class PodState:
     node: str = ""
 
 
+@dataclass(frozen=True)
+class KeptLines:
+    """The last lines of one rank's training, kept with the outcome (launcher/output_tail.py's bounds)."""
+
+    rank: int
+    pod: str
+    lines: str
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the notary recorded on a workload when the gang ended (keys.OUTCOME_ANNOTATIONS)."""
+
+    phase: str
+    code: int
+    reason: str
+    ended: str
+    rank: int | None = None
+    pod: str = ""
+    attempts: int | None = None
+    started: str = ""
+    kept: tuple[KeptLines, ...] = ()
+
+
 @dataclass
 class GangState:
     name: str
@@ -40,6 +70,7 @@ class GangState:
     pods: list[PodState] = field(default_factory=list)
     outcome: str = "NotFound"  # Pending, Starting, Running, Succeeded, Failed, NotFound
     detail: str = ""  # the phase annotation's text, or why the gang failed
+    recorded: Recorded | None = None  # what the notary recorded with the outcome (None: nothing, or no notary)
 
     @property
     def finished(self) -> bool:
@@ -116,18 +147,36 @@ def job_condition(workload: dict) -> str:
     return ""
 
 
+def shape_size(text: str) -> int:
+    return sum(int(count) for _, _, count in (part.partition("=") for part in text.split(",")) if count.isdigit())
+
+
+def template_shape(workload: dict) -> str:
+    """The shape the webhook stamped on the pod template (`trainhook.dev/replicas`), or the workload's own."""
+    template = ((workload.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    for annotations in (template.get("annotations") or {}, (workload.get("metadata") or {}).get("annotations") or {}):
+        text = str(annotations.get(keys.REPLICAS, ""))
+        if text and shape_size(text):
+            return text
+    return ""
+
+
 def gang_shape(workloads: list[dict], pods: list[dict]) -> tuple[str, int]:
-    """The shape from the workloads' annotation (multi-role) or their replica counts; else from the pods."""
+    """The shape from the workloads' annotation (multi-role) or their replica counts; else from the pods. A
+    workload scaled to zero (a finished StatefulSet gang) counts as the shape its template keeps, so a finished gang
+    never shows `worker=0`."""
     for workload in workloads:
-        template = ((workload.get("spec") or {}).get("template") or {}).get("metadata") or {}
-        for annotations in ((workload.get("metadata") or {}).get("annotations") or {},
-                            template.get("annotations") or {}):
-            if "," in annotations.get(keys.REPLICAS, ""):
-                text = annotations[keys.REPLICAS]
-                return text, sum(int(part.partition("=")[2] or 0) for part in text.split(","))
+        text = template_shape(workload)
+        if "," in text:
+            return text, shape_size(text)
     if workloads:
-        counts = [(((w.get("metadata") or {}).get("labels") or {}).get(keys.ROLE, "worker"), workload_size(w))
-                  for w in workloads]
+        counts = []
+        for w in workloads:
+            role = ((w.get("metadata") or {}).get("labels") or {}).get(keys.ROLE, "worker")
+            size = workload_size(w)
+            if size == 0 and template_shape(w):
+                size = shape_size(template_shape(w))
+            counts.append((role, size))
         return ",".join(f"{role}={count}" for role, count in counts), sum(count for _, count in counts)
     for pod in pods:
         for container in (pod.get("spec") or {}).get("containers") or []:
@@ -147,6 +196,41 @@ def recorded_outcome(workload: dict) -> tuple[str, str] | None:
         return None
     detail = f"{recorded.reason} (exit {recorded.code})" + (f" at {recorded.time}" if recorded.time else "")
     return recorded.phase, detail.strip()
+
+
+def recorded_details(workload: dict) -> Recorded | None:
+    """Everything the notary recorded with the outcome on one workload; None without an outcome. Values that do not
+    parse are left out, never guessed."""
+    found = recorded_outcome(workload)
+    if found is None:
+        return None
+    annotations = (workload.get("metadata") or {}).get("annotations") or {}
+    base = Outcome.from_annotations(annotations)
+    assert base is not None
+    rank, attempts = annotations.get(keys.PHASE_RANK, ""), annotations.get(keys.ATTEMPTS, "")
+    return Recorded(phase=base.phase, code=base.code, reason=base.reason, ended=base.time,
+                    rank=int(rank) if rank.isdigit() else None, pod=annotations.get(keys.PHASE_POD, ""),
+                    attempts=int(attempts) if attempts.isdigit() else None,
+                    started=annotations.get(keys.START_TIME, ""), kept=kept_lines(annotations.get(keys.LAST_LINES)))
+
+
+def kept_lines(text: str | None) -> tuple[KeptLines, ...]:
+    """The `trainhook.dev/last-lines` annotation: JSON [{"rank", "pod", "lines"}]; () when absent or unreadable."""
+    try:
+        entries = json.loads(text or "[]")
+    except ValueError:
+        return ()
+    kept = []
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("rank"), int) and isinstance(entry.get("lines"), str):
+            kept.append(KeptLines(entry["rank"], str(entry.get("pod") or ""), entry["lines"]))
+    return tuple(kept)
+
+
+def gang_record(workloads: list[dict]) -> Recorded | None:
+    """The record that decides the gang's outcome (a Failed one first, as `outcome` reads them)."""
+    records = [found for found in map(recorded_details, workloads) if found]
+    return next((r for r in records if r.phase == "Failed"), records[0] if records else None)
 
 
 def outcome(workloads: list[dict], pods: list[PodState], size: int) -> tuple[str, str]:
@@ -185,7 +269,7 @@ def gang_state(name: str, namespace: str, workloads: list[dict], pods: list[dict
     result, detail = outcome(workloads, states, size)
     return GangState(name=name, namespace=namespace, framework=framework, shape=shape, size=size,
                      workloads=[f"{w.get('kind', '').lower()}/{w['metadata']['name']}" for w in workloads],
-                     pods=states, outcome=result, detail=detail)
+                     pods=states, outcome=result, detail=detail, recorded=gang_record(workloads))
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
@@ -203,8 +287,34 @@ def format_status(state: GangState) -> str:
     rows = [("POD", "ROLE", "RANK", "PHASE", "READY", "RESTARTS", "REASON")]
     rows += [(p.name, p.role or "-", "-" if p.rank is None else str(p.rank), p.phase, p.ready, str(p.restarts),
               p.reason or "-") for p in state.pods]
-    body = table(rows) if state.pods else "no pods yet"
-    return f"{head}\nworkloads: {', '.join(state.workloads) or '-'}\n{body}"
+    lines = [head, f"workloads: {', '.join(state.workloads) or '-'}"]
+    if state.recorded is not None:
+        lines += format_recorded(state.recorded)
+    if state.pods:
+        lines.append(table(rows))
+    elif state.finished:
+        kept = state.recorded.kept if state.recorded else ()
+        lines.append("no pods: the gang is finished (a StatefulSet gang is scaled to zero, which deletes its pods and "
+                     "their logs)" + (f"; `trainhook logs {state.name}` prints the kept last lines of "
+                                      f"{' and '.join(f'rank {k.rank}' for k in kept)}" if kept else ""))
+    else:
+        lines.append("no pods yet")
+    return "\n".join(lines)
+
+
+def format_recorded(recorded: Recorded) -> list[str]:
+    """The outcome as the notary recorded it, one fact a line: who, what, how many attempts, when."""
+    who = "-" if recorded.rank is None else f"rank {recorded.rank}"
+    if recorded.pod:
+        who += f" (pod {recorded.pod})"
+    lines = [f"outcome: {recorded.phase}, exit code {recorded.code}, decided by {who}"
+             + (f", attempt {recorded.attempts}" if recorded.attempts else ""),
+             f"reason: {recorded.reason or '-'}",
+             f"started: {recorded.started or '-'}  ended: {recorded.ended or '-'}"]
+    if recorded.kept:
+        lines.append("kept last lines: " + ", ".join(f"rank {k.rank}" + (f" ({k.pod})" if k.pod else "")
+                                                     + f", {len(k.lines.splitlines())} lines" for k in recorded.kept))
+    return lines
 
 
 def format_list(states: list[GangState]) -> str:

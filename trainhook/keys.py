@@ -84,6 +84,14 @@ EXIT_CODE = PREFIX + "exit-code"  # the gang's exit code: 0, or the failing memb
 # --- What gang schedulers read on pods (set by the webhook; their objects come from `trainhook render`) --------
 # Kueue's plain-pod group integration (kueue.x-k8s.io, v0.6+).
 KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+# What a finished gang is inspected by once its pods are gone (written by the notary with the outcome, bounded):
+PHASE_RANK = PREFIX + "phase-rank"  # the rank that decided the outcome (the failing one; rank 0 on success)
+PHASE_POD = PREFIX + "phase-pod"  # that rank's pod
+ATTEMPTS = PREFIX + "attempts"  # the attempt the outcome ended (gang restarts + 1)
+START_TIME = PREFIX + "start-time"  # when the gang's first attempt started, RFC 3339 UTC
+LAST_LINES = PREFIX + "last-lines"  # JSON [{"rank", "pod", "lines"}]: the deciding rank's and rank 0's last lines
+OUTCOME_ANNOTATIONS = (PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE, PHASE_RANK, PHASE_POD, ATTEMPTS, START_TIME,
+                       LAST_LINES)
 KUEUE_POD_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
 KUEUE_POD_GROUP_TOTAL_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 # Volcano: the scheduler's name and the PodGroup a pod belongs to.

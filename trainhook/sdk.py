@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainhook.convert import convert_job
-from trainhook.gang_status import GangState, container_started, pod_rank, training_container_name
+from trainhook.gang_status import GangState, container_started, training_container_name
 from trainhook.render import RenderOptions, Scheduling, render
 from trainhook.sdk_command import function_command
 from trainhook.sdk_kubeflow import env_entries, framework_of, job_only, kubeflow_job, nproc_per_node, one_of, \
@@ -214,17 +214,32 @@ class TrainingClient:
     def get_job_logs(self, name: str, namespace: str | None = None, container: str | None = None,
                      follow: bool = False, tail: int | None = None) -> dict[str, str]:
         """Each pod's log (the training container's, or `container`'s), by pod name in rank order; pods whose
-        container has not started yet are left out. With `follow`, waits for the logs to end."""
+        container has not started yet are left out. With `follow`, waits for the gang's pods and their containers
+        to start (through PodInitializing: right after create_job is fine) and for the logs to end. A pod that went
+        before its log could be read (a finished StatefulSet gang is scaled to zero, maybe while this reads) is
+        given the last lines kept with the gang's outcome (the deciding rank's and rank 0's; trainhook/gang_logs.py),
+        and so is every kept rank of a finished gang without pods."""
+        from trainhook.gang_logs import RECORD_WAIT, in_rank_order, kept_for, kept_label, kept_of_pod, read_pod_log, \
+            state_of, wait_for_pods
+
         cluster = self._in(namespace)
-        pods = sorted(cluster.gang(name).pods, key=lambda p: (pod_rank(p) is None, pod_rank(p) or 0))
+        state, pods = wait_for_pods(cluster, name) if follow else state_of(cluster, name)
+        pods = in_rank_order(pods)
         logs: dict[str, str] = {p["metadata"]["name"]: "" for p in pods}
+        missed: list[dict] = []
+        failures: list[Exception] = []
 
         def read(pod: dict) -> None:
             wanted = container or training_container_name(pod)
             if not follow and not container_started(pod, wanted):
                 logs.pop(pod["metadata"]["name"], None)
                 return
-            lines = cluster.log_lines(pod["metadata"]["name"], wanted, follow, tail)
+            lines: list[str] = []
+            try:
+                if not read_pod_log(cluster, pod, wanted, follow, tail, lines.append):
+                    missed.append(pod)
+            except Exception as e:  # noqa: BLE001 - raised on the caller's thread below
+                failures.append(e)
             logs[pod["metadata"]["name"]] = "".join(line + "\n" for line in lines)
 
         threads = [threading.Thread(target=read, args=(pod,), daemon=True) for pod in pods]
@@ -232,6 +247,12 @@ class TrainingClient:
             thread.start()
         for thread in threads:
             thread.join()
+        if failures:
+            raise failures[0]
+        if missed or (not pods and state.finished):
+            _, kept = kept_for(cluster, name, wait=0 if not pods else RECORD_WAIT)
+            for entry in (kept if not pods else [k for k in map(lambda p: kept_of_pod(kept, p), missed) if k]):
+                logs[kept_label(entry)] = entry.lines + "\n"
         return logs
 
     def wait_for_job(self, name: str, namespace: str | None = None, timeout: float | None = 600,

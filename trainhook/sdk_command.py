@@ -5,7 +5,8 @@ command, followed by a call with the arguments (a JSON object, passed as one dic
 `parameters`), then run with `torchrun` for PyTorch (which reads its arguments from the PET_* variables the
 webhook injects) or `python` for the other frameworks. The heredoc's delimiter is quoted, so nothing in the
 source is expanded by the shell. Packages are pip-installed first. The function must be self-contained: it runs
-in a fresh interpreter, so its imports belong inside it.
+in a fresh interpreter, so its imports belong inside it. An image without the runner (`torchrun`, `python`) fails
+with exit 127 and `command not found: torchrun`, which the launcher puts in the gang's outcome.
 """
 
 from __future__ import annotations
@@ -59,11 +60,16 @@ def function_command(func: Callable, func_args: dict | None = None, framework: s
     lines = ["set -e"]
     if packages_to_install:
         lines.append(pip_command(packages_to_install, pip_index_url))
+    runner = ENTRYPOINT.get(framework, DEFAULT_ENTRYPOINT)[0]
     lines += [
         'program_path="$(mktemp -d)"',
         f"cat > \"$program_path/{SCRIPT_NAME}\" <<'{DELIMITER}'",
         script.rstrip("\n"),
         DELIMITER,
+        # An image without the runner fails naming it (exit 127, as a shell's), and the launcher carries that line
+        # into the gang's outcome: "exited with 127 (command not found: torchrun)".
+        f"command -v {runner} >/dev/null 2>&1 || {{ echo \"command not found: {runner} (the image has no "
+        f"{runner} on its PATH: give base_image= an image that has it)\" >&2; exit 127; }}",
         f'exec {entrypoint} "$program_path/{SCRIPT_NAME}"',
     ]
     return ["bash", "-c", "\n".join(lines) + "\n"]

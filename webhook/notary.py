@@ -34,7 +34,7 @@ from trainhook.webhook.notary_membership import (WORKLOAD_KINDS, Gang, Place, Re
                                                  decide, gang_key, gang_workloads, identity_from_review, pick_anchor,
                                                  place_of)
 from trainhook.webhook.notary_records import (BadBody, event, outcome_message, parse_event, parse_outcome,
-                                              record_patch, recorded_outcome, same_record)
+                                              rank_pods, record_patch, recorded_outcome, same_record)
 from trainhook.webhook.settings import Settings
 
 log = logging.getLogger("trainhook.webhook.notary")
@@ -176,6 +176,7 @@ class Notary:
                 await self._emit(gang, [gang.anchor_workload], *outcome_message(outcome), key=outcome["time"])
             return recorded
         workload = verified.anchor_workload
+        outcome = await self._with_pods(gang, outcome)
         for _ in range(MAX_CONFLICTS):
             recorded = recorded_outcome(workload)
             if recorded is not None:
@@ -204,6 +205,14 @@ class Notary:
         log.info("gang outcome recorded", extra={"gang": gang.gang_id, "phase": outcome["phase"],
                                                  "code": outcome["code"], "rank": outcome["rank"]})
         return outcome
+
+    async def _with_pods(self, gang: Gang, outcome: dict) -> dict:
+        """The outcome with the pod names of the ranks it names (the deciding one, and those whose last lines it
+        keeps), read from the gang's own pods: a launcher cannot know its Job pod's generated name."""
+        pods = await self.authority.list_gang_pods(gang.namespace, gang.job)
+        names = rank_pods(pods, {ref.uid for ref in gang_workloads(gang, pods)})
+        found = {rank: names[rank] for rank in {outcome["rank"], *outcome.get("logs", {})} if rank in names}
+        return {**outcome, "pod": outcome.get("pod") or found.get(outcome["rank"], ""), "pods": found}
 
     async def emit(self, verified: Verified, kind: str, reason: str, message: str) -> None:
         gang = verified.gang

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import re
 
 from trainhook import keys
@@ -19,6 +20,9 @@ SUCCEEDED, FAILED = "Succeeded", "Failed"
 PHASES = (SUCCEEDED, FAILED)
 MAX_REASON = 512  # the outcome's reason: one line, shown by kubectl
 MAX_MESSAGE = 1024  # an Event's message (the API server truncates longer ones anyway)
+# A finished gang's kept last lines (launcher/output_tail.py): at most two ranks (the deciding one and rank 0), each
+# at most MAX_LINES lines and MAX_LINES_BYTES of UTF-8, so the annotation stays under 9 KiB of Kubernetes' 256 KiB.
+MAX_TAILS, MAX_LINES, MAX_LINES_BYTES = 2, 40, 4096
 EVENT_REASON = re.compile(r"^[A-Z][A-Za-z0-9]{0,63}$")
 EVENT_TYPES = ("Normal", "Warning")
 COMPONENT = "trainhook-notary"
@@ -61,7 +65,56 @@ def parse_outcome(body: object) -> dict:
                "restarts": _integer(raw, "restarts", 0)}
     if raw.get("pod"):
         outcome["pod"] = _one_line(raw["pod"], 253)
+    if raw.get("started") is not None:
+        started = str(raw["started"])
+        try:
+            dt.datetime.strptime(started, "%Y-%m-%dT%H:%M:%SZ")
+        except ValueError:
+            raise BadBody(f"outcome.started={started[:40]!r}: RFC 3339 UTC required, e.g. 2024-01-02T03:04:05Z") \
+                from None
+        outcome["started"] = started
+    outcome["logs"] = parse_logs(raw.get("logs"), outcome["rank"])
     return outcome
+
+
+def bounded_lines(text: str) -> str:
+    """The last MAX_LINES lines of `text` that fit in MAX_LINES_BYTES (control characters shown as '?')."""
+    lines = ["".join(c if c == "\t" or c >= " " and c != "\x7f" else "?" for c in line)
+             for line in text.replace("\r", "").split("\n")[-MAX_LINES:]]
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        size += len(line.encode("utf-8")) + 1
+        if size > MAX_LINES_BYTES:
+            break
+        kept.append(line)
+    return "\n".join(reversed(kept))
+
+
+def parse_logs(raw: object, deciding_rank: int) -> dict[int, str]:
+    """`outcome.logs`, {"RANK": "last lines"}: the deciding rank's and rank 0's only, each bounded."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and k.isdigit() and isinstance(v, str)
+                                            for k, v in raw.items()):
+        raise BadBody('outcome.logs must be {"RANK": "the last lines", ...}')
+    wanted = dict.fromkeys((deciding_rank, 0))
+    return {int(k): bounded_lines(v) for k, v in raw.items() if int(k) in wanted and v}
+
+
+def rank_pods(pods: list[dict], owners: set[str]) -> dict[int, str]:
+    """rank -> pod name, from the TRAINHOOK_RANK the webhook wrote into each pod owned by one of the gang's
+    workloads (uids in `owners`); a rank two pods claim is left out."""
+    found: dict[int, list[str]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if not any(ref.get("controller") and ref.get("uid") in owners for ref in meta.get("ownerReferences") or []):
+            continue
+        ranks = {str(item.get("value")) for container in (pod.get("spec") or {}).get("containers") or []
+                 for item in container.get("env") or [] if item.get("name") == keys.TH_RANK}
+        if len(ranks) == 1 and next(iter(ranks)).isdigit():
+            found.setdefault(int(next(iter(ranks))), []).append(str(meta.get("name", "")))
+    return {rank: names[0] for rank, names in found.items() if len(set(names)) == 1}
 
 
 def parse_event(body: object) -> tuple[str, str, str]:
@@ -96,9 +149,21 @@ def record_patch(outcome: dict, resource_version: str | None = None) -> dict:
     """The merge patch recording `outcome` on a workload: the annotations the launcher always wrote, and the phase
     as a label too, so `kubectl get sts -L trainhook.dev/phase` and `-l trainhook.dev/phase=Failed` work. With
     `resource_version`, the API server applies it only to that version (first write wins, across replicas)."""
-    metadata: dict = {"annotations": {keys.PHASE: outcome["phase"], keys.PHASE_TIME: outcome["time"],
-                                      keys.PHASE_REASON: outcome["reason"], keys.EXIT_CODE: str(outcome["code"])},
-                      "labels": {keys.PHASE: outcome["phase"]}}
+    annotations = {keys.PHASE: outcome["phase"], keys.PHASE_TIME: outcome["time"],
+                   keys.PHASE_REASON: outcome["reason"], keys.EXIT_CODE: str(outcome["code"]),
+                   keys.PHASE_RANK: str(outcome["rank"])}
+    if outcome.get("attempt"):
+        annotations[keys.ATTEMPTS] = str(outcome["attempt"])
+    if outcome.get("pod"):
+        annotations[keys.PHASE_POD] = outcome["pod"]
+    if outcome.get("started"):
+        annotations[keys.START_TIME] = outcome["started"]
+    pods = outcome.get("pods") or {}
+    logs = [{"rank": rank, "pod": pods.get(rank, ""), "lines": text}
+            for rank, text in sorted((outcome.get("logs") or {}).items())[:MAX_TAILS]]
+    if logs:
+        annotations[keys.LAST_LINES] = json.dumps(logs, separators=(",", ":"))
+    metadata: dict = {"annotations": annotations, "labels": {keys.PHASE: outcome["phase"]}}
     if resource_version:
         metadata["resourceVersion"] = resource_version
     return {"metadata": metadata}
