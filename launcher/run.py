@@ -157,11 +157,10 @@ class Training:
             # Its own process group (not session: a container's processes share its session, which is how
             # `trainhook local` ends a container whole, as a runtime does).
             if sys.version_info >= (3, 11):
-                self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=err,
-                                             process_group=0)  # novm (3.11 checked)
+                group: dict = {"process_group": 0}
             else:  # Python 3.8 to 3.10, an image's
-                self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=err,
-                                             preexec_fn=os.setpgrp)
+                group = {"preexec_fn": os.setpgrp}
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=err, **group)
         except FileNotFoundError:
             tee.abandon()
             self.cause = f"command not found: {self.argv[0]}"
