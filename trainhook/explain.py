@@ -20,7 +20,7 @@ from trainhook import keys
 from trainhook.local.controllers import ControllerError, pod_requests, store
 from trainhook.local.manifest import ManifestError, describe, load_manifest, parse_manifest
 from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.mutate import is_opted_in, mutate
 from trainhook.webhook.settings import Settings, settings_from_env
 
 # The webhook configurations' names (charts/trainhook/templates/mutatingwebhookconfiguration.yaml), which
@@ -110,7 +110,13 @@ def explain_manifest(manifest, settings: Settings | None = None) -> Explained:
     rng = random.Random(0)  # stable uids and names, so the output is reproducible
     for svc in manifest.services:
         admit(svc, settings, result.warnings, manifest.path)
-    stored = [store(admit(w, settings, result.warnings, manifest.path), rng) for w in manifest.workloads]
+    stored = []
+    for workload in manifest.workloads:
+        if not is_opted_in(workload["kind"], workload):  # the webhook would never see it nor its pods
+            result.ignored.append(f"{workload['kind']}/{workload['metadata'].get('name') or '?'} "
+                                  f"({workload['apiVersion']}; not labeled {keys.FRAMEWORK})")
+            continue
+        stored.append(store(admit(workload, settings, result.warnings, manifest.path), rng))
     for workload in stored:
         requests = pod_requests(workload)
         if not requests:  # a bare Pod, admitted above as the user created it
@@ -169,7 +175,19 @@ def main(args: argparse.Namespace) -> int:
         return 1
     for message in explained.warnings:
         print(f"Warning: {message}", file=sys.stderr)
+    kubeflow = [item for item in explained.ignored if "kubeflow.org/" in item]
+    if kubeflow:  # what a Kubeflow user tries first; trainhook's webhook never sees a Kubeflow job
+        source = "FILE" if args.manifest == "-" else args.manifest
+        print(f"error: {', '.join(item.split(' (')[0] for item in kubeflow)}: a Kubeflow job, which trainhook's "
+              f"webhook never sees (it wires StatefulSets, Jobs and Pods); convert it first: trainhook convert "
+              f"{source} | trainhook explain -", file=sys.stderr)
+        return 1
     if explained.ignored:
         print(f"Warning: not explained (no pods of trainhook's): {', '.join(explained.ignored)}", file=sys.stderr)
+    if not explained.pods:  # an empty answer would read as "the webhook injects nothing"
+        print(f"error: {args.manifest}: no StatefulSet, Job or Pod labeled {keys.FRAMEWORK}: the webhook would "
+              f"wire nothing; label the workloads and their pod templates (docs/contract.md section 1)",
+              file=sys.stderr)
+        return 1
     sys.stdout.write(pods_yaml(explained) if args.output == "yaml" else env_text(explained))
     return 0

@@ -65,8 +65,8 @@ SLOTS_PER_WORKER = PREFIX + "slots-per-worker"
 LAUNCHER = PREFIX + "launcher"
 LAUNCHER_DELIVERED, LAUNCHER_NONE = "delivered", "none"
 LAUNCHER_MODES = (LAUNCHER_DELIVERED, LAUNCHER_NONE)
-# Annotation: the training image's ENTRYPOINT as a JSON list (or one word), for a training container without
-# `command`: the webhook cannot read an image's entrypoint without a registry call, which admission never makes.
+# Annotation: the training image's ENTRYPOINT as a JSON list of strings (a plain string is refused), for a
+# training container without `command`: the webhook cannot read an image's entrypoint without a registry call.
 ENTRYPOINT = PREFIX + "entrypoint"
 
 USER_ANNOTATIONS = (REPLICAS, PORT, NPROC_PER_NODE, ELASTIC, MAX_RESTARTS, CONTAINER, GANG_WAIT,
@@ -213,3 +213,60 @@ IDENTITY_AUDIENCE = "trainhook"
 # injected by the webhook into the launcher's containers.
 TH_NOTARY = "TRAINHOOK_NOTARY"
 TH_NOTARY_CA = "TRAINHOOK_NOTARY_CA"
+
+# --- Known keys: a misspelled key is worse than an error (issue 25) ---------------------------------------------
+# Every constant of this module under PREFIX is a key trainhook reads or writes, so the known keys are collected
+# from the module itself (`known_keys`): a key added above is known everywhere at once. These are labels (what
+# selectors and `kubectl get -l` read); PHASE is written as both; every other key is an annotation.
+LABEL_KEYS = (FRAMEWORK, JOB_NAME, ROLE, INDEX, PHASE)
+BOTH_KEYS = (PHASE,)
+
+
+_KNOWN: list = []  # filled on first use, once every constant of the module exists
+
+
+def known_keys() -> tuple:
+    """(label keys, annotation keys): every PREFIX constant of this module, placed as LABEL_KEYS says."""
+    if not _KNOWN:
+        every = {value for name, value in globals().items()
+                 if name.isupper() and isinstance(value, str) and value.startswith(PREFIX) and value != PREFIX}
+        _KNOWN.append((frozenset(LABEL_KEYS), frozenset(every - set(LABEL_KEYS)) | frozenset(BOTH_KEYS)))
+    return _KNOWN[0]
+
+
+def nearest_key(key: str) -> str:
+    """The known key closest to a misspelled one (difflib), or '' when none is close."""
+    import difflib
+
+    labels, annotations = known_keys()
+    names = sorted(k[len(PREFIX):] for k in labels | annotations)
+    found = difflib.get_close_matches(key[len(PREFIX):], names, n=1, cutoff=0.6)
+    return PREFIX + found[0] if found else ""
+
+
+def unknown_keys(labels: object, annotations: object, where: str = "metadata") -> list:
+    """One line per PREFIX key of an object's labels or annotations that trainhook never reads where it is
+    written: a key it does not know (naming the nearest one it knows), or a label written as an annotation or
+    the other way round. `where` is the metadata's path (`spec.template.metadata` for a pod template).
+
+    Used by the webhook (as admission warnings) and by render, convert, explain and `trainhook local` (which
+    refuse): a typo there is silently ignored, and a misspelled gate label makes a gang of independent pods."""
+    known_labels, known_annotations = known_keys()
+    found = []
+    for field, mapping, known, other, other_field in (
+            ("labels", labels, known_labels, known_annotations, "annotation"),
+            ("annotations", annotations, known_annotations, known_labels, "label")):
+        if not isinstance(mapping, dict):
+            continue
+        for key in mapping:
+            if not isinstance(key, str) or not key.startswith(PREFIX) or key in known:
+                continue
+            if key in other:
+                found.append(f"{where}.{field}: {key} is a trainhook {other_field}, not a {field[:-1]}; trainhook "
+                             f"ignores it here: move it to {where}.{other_field}s")
+                continue
+            near = nearest_key(key)
+            hint = f"did you mean {near}?" if near else "see the keys in docs/contract.md section 2"
+            found.append(f"{where}.{field}: {key} is not a trainhook key ({hint}); trainhook ignores it: "
+                         f"{'correct it' if near else 'remove it'}")
+    return found

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import shlex
 
 from trainhook import keys
 from trainhook.webhook import launcher_configmap
@@ -48,6 +49,32 @@ def runs_launcher(command: object) -> bool:
             and posixpath.basename(command[0]) == keys.LAUNCHER_PROGRAM)
 
 
+def parse_entrypoint(text: object, problems: Problems) -> list[str] | None:
+    """The entrypoint annotation's value: a JSON list of non-empty strings, as the contract says, else None (a
+    problem is added). A plain string is refused, not taken as one word: `python -c 'print(1)'` would run as one
+    program of that name and fail at run time (exit 127), where the refusal names the list to write instead."""
+    value = None
+    if isinstance(text, str) and text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            pass
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return value
+    if isinstance(text, str) and text.strip() and not text.lstrip().startswith("["):
+        try:
+            words = shlex.split(text)
+        except ValueError:
+            words = []
+        example = json.dumps(words) if words else WRAP_EXAMPLE
+        problems.add(keys.ENTRYPOINT, text, "not an entrypoint: a plain string, which would run as one program of "
+                     "that name", f"write the image's ENTRYPOINT as a JSON list of strings, e.g. {example}")
+        return None
+    problems.add(keys.ENTRYPOINT, text, "not an entrypoint",
+                 f"give the image's ENTRYPOINT as a JSON list of strings, e.g. {WRAP_EXAMPLE}")
+    return None
+
+
 def entrypoint(container: dict, annotations: dict, problems: Problems) -> list[str] | None:
     """The command the training container runs: its `command`, else the entrypoint annotation, else None (a
     problem is added)."""
@@ -63,15 +90,7 @@ def entrypoint(container: dict, annotations: dict, problems: Problems) -> list[s
                      f"set `command` (the image's entrypoint, e.g. {WRAP_EXAMPLE}), or give the entrypoint in the "
                      f"annotation {keys.ENTRYPOINT}, or opt out with {keys.LAUNCHER}: none")
         return None
-    try:
-        value = json.loads(text) if isinstance(text, str) and text.lstrip().startswith("[") else [text]
-    except ValueError:
-        value = None
-    if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
-        problems.add(keys.ENTRYPOINT, text, "not an entrypoint",
-                     f"give the image's ENTRYPOINT as a JSON list of strings, e.g. {WRAP_EXAMPLE}")
-        return None
-    return value
+    return parse_entrypoint(text, problems)
 
 
 def launcher_words(framework: str, role: str, shape: Shape) -> list[str]:
@@ -92,6 +111,8 @@ def check_template(template: dict, framework: str, role: str, shape: Shape, prob
     """At `kubectl apply` of a StatefulSet or Job: what its pods would be refused for (no command to wrap, a bad
     launcher mode or entrypoint), so it is said once, before the controller's FailedCreate events."""
     annotations = (template.get("metadata") or {}).get("annotations") or {}
+    if keys.ENTRYPOINT in annotations:  # a bad value is refused wherever it is, used or not (the contract's list)
+        parse_entrypoint(annotations[keys.ENTRYPOINT], problems)
     if keys.LAUNCHER in annotations and launcher_mode(annotations, problems) == keys.LAUNCHER_NONE:
         return
     containers = (template.get("spec") or {}).get("containers") or []
@@ -100,7 +121,7 @@ def check_template(template: dict, framework: str, role: str, shape: Shape, prob
         (containers[0] if containers else None)
     if container is None or container.get("command"):
         return  # a missing container is the pod's refusal to name
-    if not needs_no_command(framework, role, shape) or keys.ENTRYPOINT in annotations:
+    if not needs_no_command(framework, role, shape) and keys.ENTRYPOINT not in annotations:
         entrypoint(container, annotations, problems)
 
 
@@ -230,6 +251,8 @@ def deliver_launcher(spec: dict, container: dict, member: Member, annotations: d
     (the ConfigMap `configmap` when given: webhook/launcher_configmap.py). Returns whether the launcher is
     delivered (into an emptyDir, the init container must then install it). Idempotent."""
     # Every pod of every gang comes through here: the checks that rarely apply are guarded by what they need.
+    if keys.ENTRYPOINT in annotations and container.get("command"):  # unused, but refused as at the workload
+        parse_entrypoint(annotations[keys.ENTRYPOINT], problems)
     if keys.LAUNCHER in annotations and launcher_mode(annotations, problems) == keys.LAUNCHER_NONE:
         return False
     if ("volumes" in spec or "volumeMounts" in container) and user_volume_clash(spec, container, problems):

@@ -34,11 +34,33 @@ def is_opted_in(kind: str, obj: dict) -> bool:
     return bool(gate) and gate in ((obj.get("metadata") or {}).get("labels") or {})
 
 
+def _metadata(obj: object) -> dict:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def key_warnings(kind: str, obj: dict) -> list[str]:
+    """A warning per trainhook.dev/ key that trainhook never reads where it is written (a typo, or a label written
+    as an annotation), on the object and, for a workload, on its pod template; each names the nearest known key.
+
+    Warnings, not refusals: a manifest written for a newer trainhook may carry a key this one does not know. The
+    CLI's tools (render, convert, explain, local) refuse them instead (keys.unknown_keys)."""
+    meta = _metadata(obj)
+    found = keys.unknown_keys(meta.get("labels"), meta.get("annotations"))
+    if kind in ("StatefulSet", "Job"):
+        spec = obj.get("spec")
+        template = _metadata(spec.get("template") if isinstance(spec, dict) else None)
+        found += keys.unknown_keys(template.get("labels"), template.get("annotations"), "spec.template.metadata")
+    return found
+
+
 def mutate(kind: str, operation: str, obj: dict, namespace: str, settings: Settings) -> Mutation:
     """Wire `obj` into its gang; raise Denied with every problem when a labeled object cannot work."""
-    if operation not in MUTATED_OPERATIONS.get(kind, ()) or not is_opted_in(kind, obj):
+    if operation not in MUTATED_OPERATIONS.get(kind, ()):
         return Mutation(obj)
-    warnings: list[str] = []
+    if not is_opted_in(kind, obj):  # reaches here only without the chart's objectSelector: a typo is still told
+        return Mutation(obj, key_warnings(kind, obj))
+    warnings: list[str] = key_warnings(kind, obj)
     if kind == "Pod":
         result, problems = mutate_pod(obj, namespace, settings, warnings)
     elif kind == "StatefulSet":

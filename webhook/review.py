@@ -16,7 +16,7 @@ import orjson
 
 from trainhook.webhook.gang import Denied
 from trainhook.webhook.jsondiff import diff
-from trainhook.webhook.mutate import is_opted_in, mutate
+from trainhook.webhook.mutate import is_opted_in, key_warnings, mutate
 from trainhook.webhook.scale import check_scale
 from trainhook.webhook.settings import Settings
 
@@ -163,9 +163,12 @@ def review(body: Any, settings: Settings, workloads: Workloads | None = None) ->
     try:
         mutation = mutate(kind, operation, obj, namespace, settings)
     except Denied as denied:
-        answer = _response(uid, allowed=False, status={"code": 403, "reason": "Forbidden",
-                                                       "message": "trainhook: " + "; ".join(denied.problems)})
-        return Reviewed(answer, kind, "denied", denied.keys)
+        refusal: dict[str, Any] = {"allowed": False, "status": {"code": 403, "reason": "Forbidden",
+                                                                "message": "trainhook: " + "; ".join(denied.problems)}}
+        typos = key_warnings(kind, obj)  # a misspelled key is often why: kubectl prints them with the refusal
+        if typos:
+            refusal["warnings"] = typos
+        return Reviewed(_response(uid, **refusal), kind, "denied", denied.keys)
     except (TypeError, ValueError, AttributeError, KeyError) as e:
         # A field of an unexpected type deep inside the object: the review is malformed, not the webhook.
         raise BadReview(f"request.object has a field of an unexpected type or value: {e!r}") from e

@@ -14,6 +14,7 @@ from trainhook.webhook.frameworks import check_shape
 from trainhook.webhook.frameworks.pytorch import parse_elastic
 from trainhook.webhook.gang import Problems, Shape, check_gang_size, parse_shape
 from trainhook.webhook.lifecycle import check_lifecycle_options
+from trainhook.webhook.resources import check_extended_resources
 from trainhook.webhook.scheduling import set_priority_class
 
 # A real kube-apiserver fills these defaults before admission, so "unset" and "the default" look the same.
@@ -125,8 +126,29 @@ def workload_shape(obj: dict, framework: str, role: str, replicas: int, field: s
     return shape
 
 
+def check_template_shape(given: object, framework: str, shape: Shape, operation: str, replicas: int,
+                         problems: Problems, warnings: list[str]) -> None:
+    """The template's own `trainhook.dev/replicas`, where it is not the shape the webhook stamps: never rewritten
+    in silence (issue 25). At CREATE no stamp of ours can be there yet (the pods see only the template's, and the
+    user meant that size): refused, unless the workload is stopped (0 replicas: a finished gang's manifest read
+    back). At UPDATE it is normally our stamp of the size before (`kubectl apply` of a new spec.replicas): re-stamped,
+    with a warning that says so, since a user's edit of the template's annotation alone lands here too."""
+    if given is None or given == str(shape) or parse_shape(str(given), framework, Problems()) == shape:
+        return
+    field = f"spec.template.metadata.annotations[{keys.REPLICAS}]"
+    if operation == "CREATE" and replicas:
+        problems.add(keys.REPLICAS, given, f"written on the pod template, it disagrees with the gang's shape "
+                     f"{shape} (from the workload's size and annotations): the webhook stamps {keys.REPLICAS} on the "
+                     "template itself", f"drop it from the template (set the size in the workload's "
+                     f"spec.replicas/completions, a multi-role shape in the workload's own annotation), or make it "
+                     f"{shape}")
+        return
+    warnings.append(f"{field}: {given!r} replaced by {str(shape)!r}: the gang's shape follows the workload's size "
+                    f"and annotations, and its pods restart with the new one")
+
+
 def stamp_template(obj: dict, framework: str, job_name: str, role: str, shape: Shape,
-                   problems: Problems, warnings: list[str]) -> None:
+                   problems: Problems, warnings: list[str], operation: str = "CREATE", replicas: int = 0) -> None:
     """Labels and annotations every pod of the workload needs at its own admission.
 
     The identity labels go on the template, defaults included, since a pod sees nothing else; `gang_identity`
@@ -143,9 +165,11 @@ def stamp_template(obj: dict, framework: str, job_name: str, role: str, shape: S
     for key, value in (obj["metadata"].get("annotations") or {}).items():
         if key in keys.USER_ANNOTATIONS:
             annotations.setdefault(key, value)
+    check_template_shape(annotations.get(keys.REPLICAS), framework, shape, operation, replicas, problems, warnings)
     annotations[keys.REPLICAS] = str(shape)
     check_lifecycle_options(annotations, problems)
     check_template(obj["spec"]["template"], framework, role, shape, problems)
+    check_extended_resources(obj["spec"]["template"], problems)
     set_priority_class(obj["spec"]["template"].setdefault("spec", {}), annotations.get(keys.PRIORITY_CLASS, ""),
                        warnings)
 
@@ -175,7 +199,7 @@ def mutate_statefulset(sts: dict, operation: str, warnings: list[str]) -> tuple[
     if len(shape.roles) > 1 and spec["serviceName"] != job_name:
         problems.add("spec.serviceName", spec["serviceName"], "a multi-role gang shares one Service <job-name>",
                      f"set it to {job_name}")
-    stamp_template(sts, framework, job_name, role, shape, problems, warnings)
+    stamp_template(sts, framework, job_name, role, shape, problems, warnings, operation, replicas)
     if operation == "CREATE" and spec.get("podManagementPolicy", STS_DEFAULT_POLICY) == STS_DEFAULT_POLICY:
         if "podManagementPolicy" in spec:
             warnings.append("spec.podManagementPolicy: OrderedReady (the API server's default) set to Parallel: "
@@ -211,7 +235,7 @@ def mutate_job(job: dict, operation: str, warnings: list[str]) -> tuple[dict, Pr
     if shape is None:
         return job, problems
     check_multi_role_names(job["metadata"].get("name", ""), job_name, role, shape, problems)
-    stamp_template(job, framework, job_name, role, shape, problems, warnings)
+    stamp_template(job, framework, job_name, role, shape, problems, warnings, operation, completions)
     job["spec"]["template"].setdefault("spec", {}).setdefault("subdomain", job_name)
     return job, problems
 

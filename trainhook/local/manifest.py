@@ -11,6 +11,7 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainhook import keys
 from trainhook.yaml_stream import yaml_documents
 
 DEFAULT_NAMESPACE = "default"
@@ -86,16 +87,60 @@ def _fill_namespace(obj: dict, namespace: str | None, path: str) -> dict:
     return obj
 
 
+def _metadata(obj: object) -> dict:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def key_problems(obj: dict) -> list[str]:
+    """Why trainhook would not read a trainhook.dev/ key of a Service or workload as written (keys.unknown_keys),
+    and a workload (Service) that carries trainhook's keys without the label the webhook's objectSelector matches:
+    the webhook never sees it, and its pods would run unwired, each training alone (a StatefulSet's restarting
+    forever). The webhook itself only warns on the first kind and cannot see the second; the CLI refuses both."""
+    meta = _metadata(obj)
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    found = keys.unknown_keys(labels, meta.get("annotations"))
+    places = [meta]
+    if type_of(obj) in (STATEFULSET, JOB):
+        spec = obj.get("spec")
+        template = _metadata(spec.get("template") if isinstance(spec, dict) else None)
+        found += keys.unknown_keys(template.get("labels"), template.get("annotations"), "spec.template.metadata")
+        places.append(template)
+    gate = keys.JOB_NAME if type_of(obj) == SERVICE else keys.FRAMEWORK
+    carried = [key for place in places for field in ("labels", "annotations")
+               if isinstance(place.get(field), dict) for key in place[field]
+               if isinstance(key, str) and key.startswith(keys.PREFIX) and key != keys.JOB_NAME]
+    if carried and gate not in labels:
+        framework = next((str(p["labels"][key]) for p in places if isinstance(p.get("labels"), dict)
+                          for key in p["labels"] if key in carried and (key == keys.FRAMEWORK or
+                                                                        keys.nearest_key(key) == keys.FRAMEWORK)),
+                         "FRAMEWORK")
+        value = framework if gate == keys.FRAMEWORK else str(meta.get("name", "NAME"))
+        found.append(f"metadata.labels: no {gate}, though it carries {', '.join(sorted(set(carried)))}: trainhook's "
+                     f"webhook selects {obj.get('kind')}s by that label and never sees this one, so its pods would run "
+                     f"unwired, each on its own; label its own metadata {gate}: {value}")
+    return found
+
+
+def kubeflow_hint(kind: tuple[str, str]) -> str:
+    """For a Kubeflow job in a manifest (left out like any unknown kind): the command that makes it trainhook's."""
+    return "; a Kubeflow job: run `trainhook convert` on it first" if kind[0].startswith("kubeflow.org/") else ""
+
+
 def parse_manifest(text: str, path: str = "<manifest>", namespace: str | None = None) -> Manifest:
-    """Parse manifest text; raises ManifestError with the place of the first problem."""
+    """Parse manifest text; raises ManifestError with the place of the first problem (every misspelled or
+    misplaced trainhook.dev/ key at once, `key_problems`)."""
     manifest = Manifest(path=path)
     seen: set[tuple[str, str, str]] = set()
+    typos: list[str] = []
     for raw in _flatten(yaml_documents(text, path, ManifestError), path):
         kind = type_of(raw)
         if kind not in SUPPORTED:
             name = (raw.get("metadata") or {}).get("name", "?")
-            manifest.ignored.append(f"{kind[1]}/{name} ({kind[0]})")
+            manifest.ignored.append(f"{kind[1]}/{name} ({kind[0]}{kubeflow_hint(kind)})")
             continue
+        if kind in (SERVICE,) + WORKLOADS:
+            typos += [f"{path}: {describe(raw)}: {problem}" for problem in key_problems(raw)]
         obj = _fill_namespace(raw, namespace, path)
         meta = obj["metadata"]
         if meta.get("name"):
@@ -111,6 +156,8 @@ def parse_manifest(text: str, path: str = "<manifest>", namespace: str | None = 
             manifest.secrets[(meta["namespace"], meta["name"])] = obj
         else:
             manifest.workloads.append(obj)
+    if typos:
+        raise ManifestError("\n".join(typos))
     return manifest
 
 
