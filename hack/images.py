@@ -15,6 +15,8 @@ nothing is pulled, not even a base image.
 | mpi      | images/examples/mpi.Dockerfile: base + Debian's OpenMPI, mpi4py and ssh, no trainhook (an MPI training image) |
 | tensorflow | images/examples/tensorflow.Dockerfile: base + CPU TensorFlow, no trainhook                   |
 | xgboost  | images/examples/xgboost.Dockerfile: base + xgboost-cpu, no trainhook                       |
+| noshell  | base with every shell removed (sh, dash, bash): Python and no shell, as distroless and Chainguard Python are |
+| bare     | noshell's removals and Python's too: neither shell nor Python                              |
 
 Every image is keyed on its inputs (the Dockerfile, the files it copies, its base's key, the recipe below):
 its reference is `localhost/trainhook/<name>:<key>` and its docker-archive is kept in
@@ -53,6 +55,14 @@ HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # Bump to rebuild every image (a change in how they are built that no input shows).
 RECIPE = "1"
 SKIP_PARTS = {"__pycache__", ".pytest_cache", ".hypothesis"}
+# Images without a shell (tests/e2e/test_e2e_shellless.py): the base with files removed, by its own Python in the
+# exec form of RUN (no shell needed), which then checks that none of them is left on PATH. Removing files from the
+# very base the other images use is honest and cheap (one layer of whiteouts): what stays is exactly a Debian
+# Python image, minus its shells (and minus Python for `bare`).
+SHELLS = ("sh", "dash", "bash", "rbash")
+PYTHONS = ("python3", "python3.11", "python")
+STRIPPED = {"noshell": SHELLS, "bare": SHELLS + PYTHONS}
+SEARCHED = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
@@ -128,6 +138,22 @@ def dockerfile_key(dockerfile: Path, base_key: str, extra: str = "") -> str:
     return digest(*parts)
 
 
+def stripped_containerfile(base_ref: str, programs: tuple[str, ...]) -> str:
+    """FROM the base, remove `programs` from every directory of the default PATH, and fail the build if any is
+    still found (the base's Python runs this, in the exec form of RUN: no shell is used)."""
+    script = (f"import os, shutil\n"
+              f"names, path = {programs!r}, {SEARCHED!r}\n"
+              f"for d in path.split(':'):\n"
+              f"    for n in names:\n"
+              f"        p = os.path.join(d, n)\n"
+              f"        if os.path.lexists(p):\n"
+              f"            os.remove(p)\n"
+              f"left = [n for n in names if shutil.which(n, path=path)]\n"
+              f"assert not left, left\n")
+    run = json.dumps(["/usr/bin/python3", "-I", "-c", script])
+    return f"FROM {base_ref}\nRUN {run}\n"
+
+
 def local_wheel_dirs(env: dict[str, str] | None = None) -> list[Path]:
     """The local wheel directories pip is configured with here (find-links in PIP_FIND_LINKS or pip's config):
     mounted into the torch build, so its CPU wheel comes from this disk when this machine has one."""
@@ -163,6 +189,8 @@ def plan(bin_dir: Path, wheel_dirs: list[Path]) -> dict[str, Image]:
                                                     TORCH + " " + " ".join(torch_wheels)))
     for name in EXAMPLES[1:]:
         images[name] = Image(name, dockerfile_key(REPO / "images" / "examples" / f"{name}.Dockerfile", base.key))
+    for name, programs in STRIPPED.items():
+        images[name] = Image(name, digest(RECIPE, stripped_containerfile("BASE", programs), base.key))
     return images
 
 
@@ -265,6 +293,13 @@ class Builder:
             self._tool("buildah", "build", "--isolation", "chroot", "--pull=never", "-t", image.ref, tmp,
                        log_file=log_file)
 
+    def build_containerfile(self, image: Image, text: str, log_file: Path) -> None:
+        """An image from a Containerfile's text alone (nothing copied)."""
+        with tempfile.TemporaryDirectory(prefix=f"trainhook-{image.name}-") as tmp:
+            (Path(tmp) / "Containerfile").write_text(text)
+            self._tool("buildah", "build", "--isolation", "chroot", "--pull=never", "-t", image.ref, tmp,
+                       log_file=log_file)
+
     def build_dockerfile(self, image: Image, dockerfile: Path, build_args: dict[str, str], log_file: Path,
                          wheel_dirs: list[Path] = ()) -> None:
         volumes = [f"{HOST_CA}:{HOST_CA}:ro"] if HOST_CA.exists() else []
@@ -288,7 +323,7 @@ def build(names: list[str], *, cache: Path, bin_dir: Path, log=print) -> dict[st
     builder = Builder(cache, log)
     builder.check_storage()
     # What each image starts FROM (built first, and loaded into the builder's storage when only its archive is here).
-    parents = {name: ["base"] for name in ("webhook", "launcher", *EXAMPLES)}
+    parents = {name: ["base"] for name in ("webhook", "launcher", *EXAMPLES, *STRIPPED)}
     wanted = set(names)
     for name in names:
         wanted |= set(parents.get(name, []))
@@ -307,6 +342,9 @@ def build(names: list[str], *, cache: Path, bin_dir: Path, log=print) -> dict[st
             if not (bin_dir / "pause").exists():
                 raise ImageError(f"no {bin_dir / 'pause'}: run `bash hack/k8s-build.sh node` first")
             builder.build_pause(image, bin_dir, log_file)
+        elif name in STRIPPED:
+            builder.ensure_in_storage(images["base"])
+            builder.build_containerfile(image, stripped_containerfile(images["base"].ref, STRIPPED[name]), log_file)
         else:
             for parent in parents[name]:
                 builder.ensure_in_storage(images[parent])
@@ -331,7 +369,7 @@ def k8s_bin_dir() -> Path:
         f"k8s-v{K8S_VERSION}" / "bin"
 
 
-ALL = ["pause", "webhook", "launcher", *EXAMPLES]
+ALL = ["pause", "webhook", "launcher", *EXAMPLES, *STRIPPED]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,7 @@ import node_config as cfg  # noqa: E402
 import node_host as host  # noqa: E402
 
 NODE_FILE = "node.json"
-DEFAULT_IMAGES = ("pause", "webhook", "launcher", "torch", "mpi", "tensorflow", "xgboost")
+DEFAULT_IMAGES = ("pause", "webhook", "launcher", "torch", "mpi", "tensorflow", "xgboost", "noshell", "bare")
 
 
 def default_state_dir() -> Path:

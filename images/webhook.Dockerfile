@@ -17,10 +17,20 @@ COPY launcher launcher
 COPY certs certs
 RUN /opt/trainhook/bin/pip install --no-deps . && /opt/trainhook/bin/pip check
 
+# The delivered entry point, /trainhook/bin/trainhook-launch (launcher/entry/, docs/delivery.md): a static program,
+# so that images without a shell run it too. musl keeps it about 20 KB (glibc's static libc is 700 KB).
+FROM ${PYTHON_IMAGE} AS entry
+RUN apt-get update && apt-get install -y --no-install-recommends gcc musl-tools && rm -rf /var/lib/apt/lists/*
+COPY launcher/entry/trainhook-launch.c /src/trainhook-launch.c
+RUN musl-gcc -static -Os -s -o /trainhook-launch /src/trainhook-launch.c
+
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/trainhook /opt/trainhook
+# Where launcher/deliver.py looks for it (PREBUILT): the webhook keeps it in the launcher ConfigMap.
+COPY --from=entry /trainhook-launch /opt/trainhook/libexec/trainhook/trainhook-launch
 ENV PATH=/opt/trainhook/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # Numeric, so the kubelet can check runAsNonRoot; the chart's podSecurityContext uses the same IDs.
 USER 65532:65532
-EXPOSE 9443
+# Admission (9443) and the notary (8444, values notary.port): what the chart's Deployment declares.
+EXPOSE 9443 8444
 ENTRYPOINT ["trainhook-webhook"]

@@ -9,8 +9,15 @@ before anything else; the training container mounts it read-only and its command
   standard library only and Python 3.8 compatible (tests/test_launcher_boundary.py holds both), so it runs on
   whatever Python the user's image has, in isolated mode (`-I`: no PYTHON* variable, no user site, no current
   directory on sys.path), and the training it starts gets the container's environment untouched.
-- `bin/trainhook-launch`: a POSIX shell script that finds the image's python3 (or python) on PATH and runs the
-  zip with it; with no Python on PATH it prints one line naming the fix and exits 127.
+- `bin/trainhook-launch`: the entry point, a static program (launcher/entry/trainhook-launch.c) that finds the
+  image's python3 (or python) on PATH and execs it on the zip; with no Python on PATH it prints one line naming
+  the fix and exits 127. A program, not a `#!/bin/sh` script, so that images without a shell (distroless,
+  Chainguard) run it too: a script there fails with only "exec ...: no such file or directory".
+
+Where the entry program comes from (`entry_program`): the images build it (images/*.Dockerfile, into PREBUILT);
+elsewhere (a pip install, a checkout: `trainhook local`, the tests) it is compiled from its source once with the
+machine's C compiler and cached; with no compiler at all, the old shell script SHIM stands in (it behaves the same
+wherever there is a /bin/sh, which every machine running `trainhook local` has), and `install` says so.
 
 Why build the zip here rather than ship one in the image: it is made from the very modules the launcher image
 runs, so the two can never disagree, and it costs a few milliseconds (tests/test_delivery.py measures it).
@@ -19,9 +26,14 @@ Entries carry a fixed timestamp, so the same modules always give the same bytes.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -43,6 +55,7 @@ from trainhook.launcher.cli import main
 sys.exit(main())
 '''
 
+# The entry point where no compiled one can be had (no C compiler on a machine without the images): needs /bin/sh.
 SHIM = f'''#!/bin/sh
 # trainhook's delivered launcher: the image's own Python runs launcher.pyz (standard library only), isolated.
 for python in python3 python; do
@@ -53,6 +66,62 @@ done
 echo "trainhook-launch: no python3 or python on PATH in this image; {FIX}" >&2
 exit 127
 '''
+
+
+ENTRY_SOURCE = Path(__file__).resolve().parent / "entry" / "trainhook-launch.c"
+# The images' build (images/*.Dockerfile) and compile_entry use these; tests/test_images.py holds them together.
+ENTRY_FLAGS = ("-static", "-Os", "-s")
+COMPILERS = ("musl-gcc", "cc", "gcc")  # musl first: a 20 KB program instead of glibc's 700 KB
+# Where the images put the program they built: beside the environment trainhook is installed in (/opt/trainhook).
+PREBUILT = Path(sys.prefix) / "libexec" / "trainhook" / SHIM_NAME
+
+
+def is_program(entry: bytes) -> bool:
+    """Whether an entry point is the compiled program (an ELF file) rather than the shell script."""
+    return entry[:4] == b"\x7fELF"
+
+
+def compile_entry(target: Path, compiler: str) -> Path:
+    """Compile the entry program into `target` with `compiler`, as the images do; CalledProcessError if it fails."""
+    subprocess.run([compiler, *ENTRY_FLAGS, "-o", str(target), str(ENTRY_SOURCE)], check=True,
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    return target
+
+
+def _cache_dir() -> Path | None:
+    root = os.environ.get("TRAINHOOK_CACHE")
+    try:
+        return Path(root or Path.home() / ".cache" / "trainhook") / "entry"
+    except RuntimeError:  # no home directory to find
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def entry_program() -> bytes:
+    """The bytes of bin/trainhook-launch: the images' prebuilt program, else one compiled here (cached by its
+    source, flags and compiler), else SHIM. The same in every call of a process (the webhook hashes it)."""
+    if PREBUILT.is_file():
+        return PREBUILT.read_bytes()
+    compiler = next((found for name in COMPILERS for found in [shutil.which(name)] if found), None)
+    if compiler is None or not ENTRY_SOURCE.is_file():
+        return SHIM.encode()
+    key = hashlib.sha256(ENTRY_SOURCE.read_bytes() + repr((ENTRY_FLAGS, compiler)).encode()).hexdigest()[:16]
+    cache = _cache_dir()
+    cached = cache / f"{SHIM_NAME}-{key}" if cache is not None else None
+    if cached is not None and cached.is_file():
+        return cached.read_bytes()
+    try:
+        with tempfile.TemporaryDirectory(prefix="trainhook-entry-") as tmp:
+            built = compile_entry(Path(tmp) / SHIM_NAME, compiler).read_bytes()
+    except (OSError, subprocess.SubprocessError):
+        return SHIM.encode()  # a compiler that cannot link statically (no libc.a): the script still works here
+    if cached is not None:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            write_file(cached, built, 0o755)
+        except OSError:
+            pass  # a read-only home: compiled again next time
+    return built
 
 
 def self_command() -> list[str]:
@@ -98,12 +167,12 @@ def write_file(path: Path, data: bytes, mode: int) -> None:
 
 
 def install(directory: Path) -> Path:
-    """Write the launcher into `directory` (the pod's launcher volume); returns the shim's path."""
+    """Write the launcher into `directory` (the pod's launcher volume); returns the entry point's path."""
     (directory / "bin").mkdir(parents=True, exist_ok=True)
     write_file(directory / ZIP_NAME, build_zip(), 0o644)
-    shim = directory / "bin" / SHIM_NAME
-    write_file(shim, SHIM.encode(), 0o755)
-    return shim
+    entry = directory / "bin" / SHIM_NAME
+    write_file(entry, entry_program(), 0o755)
+    return entry
 
 
 def main(directory: str) -> int:
@@ -113,5 +182,7 @@ def main(directory: str) -> int:
         print(f"trainhook-launch install: cannot write the launcher to {directory}: {e.strerror or e} (the "
               f"webhook mounts the emptyDir {keys.LAUNCHER_VOLUME} there; is the pod admitted?)", file=sys.stderr)
         return 1
-    print(f"trainhook-launch install: {shim}", file=sys.stderr)
+    kind = ("a static program" if is_program(entry_program()) else "a /bin/sh script: no compiled entry point "
+            "here (no C compiler), so images without a shell cannot run it; docs/delivery.md")
+    print(f"trainhook-launch install: {shim} ({kind})", file=sys.stderr)
     return 0

@@ -84,7 +84,7 @@ def test_the_base_image_is_an_exact_python_patch_release(image):
     (arg,) = [rest for k, rest in steps if k == "ARG" and rest.startswith("PYTHON_IMAGE=")]
     base = arg.split("=", 1)[1]
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", base), base
-    assert [rest.split()[0] for k, rest in steps if k == "FROM"] == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
+    assert [rest.split()[0] for k, rest in steps if k == "FROM"] == ["${PYTHON_IMAGE}"] * 3
     # The Python the tests run is the image's minor version.
     assert base.startswith(f"python:{sys.version_info.major}.{sys.version_info.minor}.")
 
@@ -92,6 +92,26 @@ def test_the_base_image_is_an_exact_python_patch_release(image):
 def test_both_images_share_one_base_and_one_build_stage():
     webhook, launcher = stages(dockerfile("webhook")), stages(dockerfile("launcher"))
     assert webhook[0] == launcher[0]  # the global ARG and the build stage
+    assert webhook[1] == launcher[1]  # the entry program's stage: the ConfigMap's is the init container's
+
+
+def entry_stage(image: str) -> list[tuple[str, str]]:
+    (stage,) = [s for s in stages(dockerfile(image)) if s[0] == ("FROM", "${PYTHON_IMAGE} AS entry")]
+    return stage
+
+
+@pytest.mark.parametrize("image", list(IMAGE_OF))
+def test_the_image_carries_the_static_entry_program_where_delivery_looks_for_it(image):
+    """The webhook (its ConfigMap) and the launcher image (its init container) deliver the program the image
+    built, from launcher/entry/ with deliver's flags, at deliver.PREBUILT under the image's environment."""
+    from trainhook.launcher import deliver
+    stage = entry_stage(image)
+    (copy,) = [rest.split() for k, rest in stage if k == "COPY"]
+    assert REPO / copy[0] == deliver.ENTRY_SOURCE
+    compile_words = shlex.split(last(stage, "RUN"))
+    assert compile_words == ["musl-gcc", *deliver.ENTRY_FLAGS, "-o", compile_words[-2], copy[1]]
+    prebuilt = deliver.PREBUILT.relative_to(sys.prefix)
+    assert ("COPY", f"--from=entry {compile_words[-2]} {VENV}/{prebuilt}") in final_stage(dockerfile(image))
 
 
 @pytest.mark.parametrize("image", list(IMAGE_OF))
@@ -123,7 +143,7 @@ def test_the_webhook_image_is_what_the_chart_runs():
     stage = final_stage(dockerfile("webhook"))
     assert container["command"] == json.loads(last(stage, "ENTRYPOINT"))
     assert container["image"] == f"{VALUES['image']['repository']}:{APP_VERSION}"
-    assert [p["containerPort"] for p in container["ports"]] == [int(last(stage, "EXPOSE"))]
+    assert [p["containerPort"] for p in container["ports"]] == [int(p) for p in last(stage, "EXPOSE").split()]
 
 
 def injected_init_container() -> dict:
@@ -244,6 +264,21 @@ def test_the_images_build_steps_install_a_working_non_root_entrypoint(tmp_path):
         mode = path.stat().st_mode
         assert mode & 0o004 and (not path.is_dir() or mode & 0o001), f"{path}: {oct(mode)} is not world-readable"
     run_env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "HOME": "/nonexistent"}
+    # The entry stage's compile, with this machine's compiler standing in for musl-gcc (same source and flags),
+    # put where the final stage's COPY --from=entry puts it: `install` (the init container) delivers it.
+    from trainhook.launcher import deliver
+    compiler = next((c for c in deliver.COMPILERS if shutil.which(c)), None)
+    assert compiler, "no C compiler: install gcc and libc6-dev"
+    compile_words = shlex.split(last(entry_stage("launcher"), "RUN"))
+    prebuilt = venv / deliver.PREBUILT.relative_to(sys.prefix)
+    prebuilt.parent.mkdir(parents=True)
+    done = subprocess.run([compiler, *compile_words[1:-3], "-o", str(prebuilt), str(deliver.ENTRY_SOURCE)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([f"{venv}/bin/trainhook-launch", "install", str(tmp_path / "delivered")], env=run_env,
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0 and "(a static program)" in done.stderr, done.stderr
+    assert (tmp_path / "delivered" / "bin" / "trainhook-launch").read_bytes() == prebuilt.read_bytes()
     for image, (script, _) in IMAGE_OF.items():
         entrypoint = json.loads(last(final_stage(dockerfile(image)), "ENTRYPOINT"))
         done = subprocess.run([*entrypoint, "--help"], env=run_env, capture_output=True, text=True, timeout=120,

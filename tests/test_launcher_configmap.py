@@ -39,11 +39,14 @@ def pod(annotations: dict | None = None, namespace: str = "team-a", **fields) ->
 def test_the_name_follows_the_content_and_the_configmap_holds_exactly_what_the_init_container_writes():
     assert NAME == lcm.configmap_name(*lcm.content()) and NAME.startswith("trainhook-launcher-")
     assert len(NAME) == len("trainhook-launcher-") + 12
-    assert lcm.configmap_name(ZIP + b"x", SHIM) != NAME and lcm.configmap_name(ZIP, SHIM + "#") != NAME
+    assert lcm.configmap_name(ZIP + b"x", SHIM) != NAME and lcm.configmap_name(ZIP, SHIM + b"#") != NAME
     cm = lcm.configmap(NAME, "team-a", ZIP, SHIM)
     assert base64.b64decode(cm["binaryData"]["launcher.pyz"]) == deliver.build_zip()
-    assert cm["data"] == {"trainhook-launch": deliver.SHIM}
-    assert len(ZIP) < 200_000  # a ConfigMap holds at most 1 MiB
+    # The entry point is the static program (binaryData), as the init container writes it (docs/delivery.md).
+    assert deliver.is_program(SHIM) and "data" not in cm
+    assert base64.b64decode(cm["binaryData"]["trainhook-launch"]) == deliver.entry_program()
+    assert lcm.content_digest(cm["binaryData"], None) == NAME[len(lcm.PREFIX):]
+    assert len(ZIP) < 200_000 and len(ZIP) + len(SHIM) < lcm.MAX_BYTES  # a ConfigMap holds at most 1 MiB
 
 
 def test_a_pod_in_a_namespace_with_the_configmap_mounts_it_and_gets_no_init_container():
@@ -113,7 +116,7 @@ def test_the_review_patch_applies_and_the_configmap_layout_runs_the_launcher(tmp
     volume = next(v for v in patched["spec"]["volumes"] if v["name"] == keys.LAUNCHER_VOLUME)
     cm = lcm.configmap(volume["configMap"]["name"], "team-a", ZIP, SHIM)
     files = {**{k: base64.b64decode(v) for k, v in cm["binaryData"].items()},
-             **{k: v.encode() for k, v in cm["data"].items()}}
+             **{k: v.encode() for k, v in cm.get("data", {}).items()}}
     for item in volume["configMap"]["items"]:
         path = tmp_path / item["path"]
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -225,5 +225,5 @@ def test_replicas_writing_at_once_all_end_with_the_configmap(control_plane, k8s_
             t.join(30)
         assert results == [frozenset({k8s_namespace})] * 4, said
         assert said == []
-        assert client.CoreV1Api(api).read_namespaced_config_map(name, k8s_namespace).data == {
-            "trainhook-launch": deliver.SHIM}
+        stored = client.CoreV1Api(api).read_namespaced_config_map(name, k8s_namespace)
+        assert stored.data is None and base64.b64decode(stored.binary_data["trainhook-launch"]) == shim

@@ -155,7 +155,8 @@ def test_an_image_key_follows_its_dockerfile_the_files_it_copies_and_its_base(tm
 
 def test_every_image_is_planned_with_a_local_reference():
     planned = images.plan(Path("/nonexistent"), [])
-    assert set(planned) == {"base", "pause", "webhook", "launcher", "torch", "mpi", "tensorflow", "xgboost"}
+    assert set(planned) == {"base", "pause", "webhook", "launcher", "torch", "mpi", "tensorflow", "xgboost",
+                            "noshell", "bare"}
     assert all(i.ref == f"localhost/trainhook/{n}:{i.key}" and len(i.key) == 16 for n, i in planned.items())
     assert planned["webhook"].key != planned["launcher"].key
     assert images.digest("ab", "c") != images.digest("a", "bc")
@@ -167,3 +168,30 @@ def test_local_wheel_directories_are_found_from_pips_settings(tmp_path, env, exp
     monkeypatch.setattr(images.subprocess, "run", lambda *a, **k: type("Done", (), {"stdout": ""})())
     env = {k: v.replace("WHEELS", str(tmp_path)) for k, v in env.items()}
     assert images.local_wheel_dirs(env) == [Path(e.replace("WHEELS", str(tmp_path))) for e in expected]
+
+
+@pytest.mark.parametrize("name", ["noshell", "bare"])
+def test_the_shell_less_images_remove_their_programs_without_a_shell_and_check_it(tmp_path, name):
+    """The Containerfile's one RUN is the exec form (the base's Python, no /bin/sh); its script, pointed at two
+    stand-in bin directories, removes every shell (and for `bare` every Python) there and then finds none."""
+    import json
+    import subprocess
+    text = images.stripped_containerfile("localhost/trainhook/base:k", images.STRIPPED[name])
+    assert text.splitlines()[0] == "FROM localhost/trainhook/base:k"
+    (run,) = [line for line in text.splitlines() if line.startswith("RUN ")]
+    words = json.loads(run[4:])
+    assert words[:3] == ["/usr/bin/python3", "-I", "-c"]
+    dirs = [tmp_path / "usr-bin", tmp_path / "bin"]
+    for d in dirs:
+        d.mkdir()
+        for program in ("sh", "dash", "bash", "python3", "python", "perl"):
+            (d / program).write_text("")
+            (d / program).chmod(0o755)
+    script = words[3].replace(repr(images.SEARCHED), repr(":".join(map(str, dirs))))
+    assert script != words[3]
+    done = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    left = {p.name for d in dirs for p in d.iterdir()}
+    assert left == ({"python3", "python", "perl"} if name == "noshell" else {"perl"})
+    planned = images.plan(Path("/nonexistent"), [])
+    assert planned["noshell"].key != planned["bare"].key

@@ -5,7 +5,7 @@ containers one after the other and notices that an init container has exited onl
 runtime (every second on the kubelets we test), so the training container starts 1-1.5 s after the copy is done,
 and the gang wait in it added its own half second (measured on the e2e node, docs/performance.md). A ConfigMap
 volume is written by the kubelet before any container starts. So where the webhook may keep one (the chart's
-`trainingNamespaces`, where it binds the training role too), it writes the launcher's zip and shim into
+`trainingNamespaces`, where it binds the training role too), it writes the launcher's zip and entry point into
 `trainhook-launcher-<hash>` once per namespace at startup, and pods there mount it at /trainhook instead of an
 emptyDir filled by an init container. The launcher's own barrier (`trainhook-launch run` connects every member
 to rank 0's coordinator before any training starts) is the gang wait.
@@ -48,25 +48,39 @@ log = logging.getLogger("trainhook.webhook.launcher_configmap")
 
 PREFIX = "trainhook-launcher-"
 ZIP_KEY, SHIM_KEY = deliver.ZIP_NAME, deliver.SHIM_NAME  # ConfigMap keys cannot hold a '/': items map them
+# The API server refuses a ConfigMap whose data and binaryData hold more than 1 MiB together.
+MAX_BYTES = 1 << 20
 LABELS = {"app.kubernetes.io/name": "trainhook", "app.kubernetes.io/component": "launcher",
           "app.kubernetes.io/managed-by": "trainhook-webhook"}
 
 
-def content() -> tuple[bytes, str]:
-    """The zip and the shim the init container would write (launcher/deliver.py), byte for byte."""
-    return deliver.build_zip(), deliver.SHIM
+def content() -> tuple[bytes, bytes]:
+    """The zip and the entry point the init container would write (launcher/deliver.py), byte for byte: in the
+    webhook's image the static program it was built with (so the ConfigMap's program is of the webhook image's
+    architecture: docs/delivery.md)."""
+    return deliver.build_zip(), deliver.entry_program()
 
 
-def configmap_name(zip_bytes: bytes, shim: str) -> str:
-    digest = hashlib.sha256(zip_bytes + b"\0" + shim.encode()).hexdigest()[:12]
+def _as_bytes(entry: bytes | str) -> bytes:
+    return entry.encode() if isinstance(entry, str) else entry
+
+
+def configmap_name(zip_bytes: bytes, entry: bytes | str) -> str:
+    digest = hashlib.sha256(zip_bytes + b"\0" + _as_bytes(entry)).hexdigest()[:12]
     return PREFIX + digest
 
 
-def configmap(name: str, namespace: str, zip_bytes: bytes, shim: str) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
+def configmap(name: str, namespace: str, zip_bytes: bytes, entry: bytes | str) -> dict:
+    """The entry point goes in binaryData when it is the program, in data (readable) when it is the script."""
+    entry = _as_bytes(entry)
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
             "metadata": {"name": name, "namespace": namespace, "labels": dict(LABELS)},
-            "binaryData": {ZIP_KEY: base64.b64encode(zip_bytes).decode()},
-            "data": {SHIM_KEY: shim}}
+            "binaryData": {ZIP_KEY: base64.b64encode(zip_bytes).decode()}}
+    if deliver.is_program(entry):
+        body["binaryData"][SHIM_KEY] = base64.b64encode(entry).decode()
+    else:
+        body["data"] = {SHIM_KEY: entry.decode()}
+    return body
 
 
 def volume(name: str) -> dict:
@@ -87,19 +101,21 @@ def is_ours(volume_spec: dict) -> bool:
 def content_digest(binary_data: dict | None, data: dict | None) -> str | None:
     """The hash our name carries, of a ConfigMap's launcher data as read back; None when the keys are not ours."""
     binary_data, data = binary_data or {}, data or {}
-    if set(binary_data) != {ZIP_KEY} or set(data) != {SHIM_KEY}:
+    if set(binary_data) | set(data) != {ZIP_KEY, SHIM_KEY} or ZIP_KEY not in binary_data or len(data) > 1:
         return None
     try:
         zip_bytes = base64.b64decode(binary_data[ZIP_KEY], validate=True)
-    except (ValueError, TypeError):
+        entry = data[SHIM_KEY].encode() if SHIM_KEY in data else base64.b64decode(binary_data[SHIM_KEY],
+                                                                                 validate=True)
+    except (ValueError, TypeError, AttributeError):
         return None
-    return configmap_name(zip_bytes, data[SHIM_KEY])[len(PREFIX):]
+    return configmap_name(zip_bytes, entry)[len(PREFIX):]
 
 
 class Keeper:
     """One replica's upkeep of the launcher ConfigMap `name` in `namespaces` (see the module docstring)."""
 
-    def __init__(self, core_api: Any, namespaces: Iterable[str], zip_bytes: bytes, shim: str, *,
+    def __init__(self, core_api: Any, namespaces: Iterable[str], zip_bytes: bytes, shim: bytes | str, *,
                  owner: str = "", rbac_api: Any = None, say: Callable[[str], None] = log.warning) -> None:
         self.core, self.rbac, self.owner, self.say = core_api, rbac_api, owner, say
         self.namespaces, self.zip_bytes, self.shim = tuple(namespaces), zip_bytes, shim
@@ -212,7 +228,7 @@ class Keeper:
         self.unused[namespace] = unused
 
 
-def publish(core_api: Any, namespaces: Iterable[str], name: str, zip_bytes: bytes, shim: str,
+def publish(core_api: Any, namespaces: Iterable[str], name: str, zip_bytes: bytes, shim: bytes | str,
             say: Callable[[str], None] = log.warning) -> frozenset[str]:
     """One round without an owner (tests, tools): the namespaces where ConfigMap `name` holds the launcher."""
     keeper = Keeper(core_api, namespaces, zip_bytes, shim, say=say)
