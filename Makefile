@@ -10,7 +10,11 @@ TEST_STAMP := $(VENV)/.test-$(shell cat pyproject.toml requirements-test.txt | s
 .PHONY: demo test install install-demo lint clean bench bench-gang fuzz helm-lint helm-template images e2e-kind k8s-build cluster-up cluster-down
 
 demo: install-demo  ## create the virtualenv, install trainhook and torch only, and train examples/pytorch/ddp.yaml on 4 local pods
+	@echo "==> training examples/pytorch/ddp.yaml on 4 local pods through the real webhook (trainhook local, root)"
 	$(BIN)/trainhook local examples/pytorch/ddp.yaml
+	@echo "==> done: the StatefulSet above trained as one gang, wired by the webhook; its pods' output is above, each"
+	@echo "    line prefixed [ddp-N]. Next: $(BIN)/trainhook explain examples/pytorch/ddp.yaml (what each pod gets),"
+	@echo "    docs/local.md (keeping logs: --keep-dir), README.md (on a cluster: kubectl apply -f the same file)"
 
 test: install  ## every test, as CI runs it
 	$(BIN)/python -m pytest -q
@@ -19,10 +23,14 @@ install-demo: $(DEMO_STAMP)
 
 install: $(TEST_STAMP)
 
+# pip's own lines are the progress (no --quiet): installing torch is most of the first run's time.
 $(DEMO_STAMP):
+	@echo "==> 1/3 creating the virtualenv $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e .
+	@echo "==> 2/3 installing $(TORCH), the longest step (pip prints each package as it goes)"
+	$(BIN)/pip install $(TORCH)
+	@echo "==> 3/3 installing trainhook and its dependencies"
+	$(BIN)/pip install -e .
 	rm -f $(VENV)/.demo-* && touch $@
 
 $(TEST_STAMP): $(DEMO_STAMP)

@@ -124,7 +124,7 @@ def test_the_elastic_example_trains_on_while_scaled_2_3_2_and_resumes_its_step_c
         assert after == before + 1 or after - 1 in resumed, counters
     assert "trainhook local: gang default/elastic succeeded (exit 0; attempt 1, 0 gang restarts)" in output
     rows = local_summary(output)
-    assert rows["elastic-2"][-1] == "Deleted" and {rows[p][-1] for p in ("elastic-0", "elastic-1")} == {"Parked"}
+    assert rows["elastic-2"][-1] == "Deleted" and {rows[p][-1] for p in ("elastic-0", "elastic-1")} == {"Succeeded"}
     assert "is leaving the elastic gang" in output and "joined the running elastic gang" in output
 
 
@@ -197,7 +197,7 @@ def test_scales_are_refused_as_a_cluster_refuses_them_and_an_elastic_gang_lives_
     assert gangs["default/boom"]["reason"] == "rank 1 (worker-1 at boom-1.boom) exited with 3"
     assert run.proc.returncode == 3, output[-4000:]
     rows = local_summary(output)
-    assert rows["el-2"][-1] == "Deleted" and rows["el-1"][-1] == "Parked" and "fixed-2" not in rows
+    assert rows["el-2"][-1] == "Deleted" and rows["el-1"][-1] == "Succeeded" and "fixed-2" not in rows
     assert output.count("TRAIN el 2 ") == 1  # the deleted member ran once and was not restarted
     # The scaled-up pod's gang wait waited for its own and rank 0's addresses (rank 0's for the first min members),
     # never for all max.

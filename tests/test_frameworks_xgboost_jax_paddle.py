@@ -372,8 +372,8 @@ def test_xgboost_trains_across_local_pods_and_every_worker_ends_with_the_same_mo
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-2000:]
     # StatefulSets: the delivered launchers park once the master is done, so nothing trains twice.
-    assert summary(out) == {"xgb-master-0": ("0", "0", "Parked"), "xgb-worker-0": ("1", "0", "Parked"),
-                            "xgb-worker-1": ("2", "0", "Parked")}
+    assert summary(out) == {"xgb-master-0": ("0", "0", "Succeeded"), "xgb-worker-0": ("1", "0", "Succeeded"),
+                            "xgb-worker-1": ("2", "0", "Succeeded")}
     for pod, rank in (("xgb-master-0", 0), ("xgb-worker-0", 1), ("xgb-worker-1", 2)):
         assert out.count(f"[{pod}] rank {rank}/3 on {pod}: 2000 of 6000 rows") == 1
     digests = re.findall(r"^\[(xgb-\w+-\d)\] final model digest (\w+) identical-across-workers=True$", out, re.M)
@@ -409,7 +409,7 @@ def test_jax_processes_in_local_pods_agree_on_an_allgather(tmp_path):
     result = local(EXAMPLES / "jax" / "allgather.yaml", tmp_path / "run")
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-2000:]
-    assert summary(out) == {"jax-0": ("0", "0", "Parked"), "jax-1": ("1", "0", "Parked")}
+    assert summary(out) == {"jax-0": ("0", "0", "Succeeded"), "jax-1": ("1", "0", "Succeeded")}
     for pod in ("jax-0", "jax-1"):
         assert f"[{pod}] process {pod[-1]}/2 on {pod}: 1 local of 2 devices" in out
         assert f"[{pod}] allgather [[0, 0, 100], [1, 1, 101]] sum 203 agrees=True" in out
@@ -420,7 +420,7 @@ def test_paddle_trains_across_two_local_pods_with_identical_parameters(tmp_path)
     result = local(EXAMPLES / "paddle" / "collective.yaml", tmp_path / "run")
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-2000:]
-    assert summary(out) == {"paddle-0": ("0", "0", "Parked"), "paddle-1": ("1", "0", "Parked")}
+    assert summary(out) == {"paddle-0": ("0", "0", "Succeeded"), "paddle-1": ("1", "0", "Succeeded")}
     # Paddle's launcher numbers its trainers itself; both pods train, and one of them is its rank 0.
     assert sorted(re.findall(r"^\[paddle-[01]\] rank (\d)/2 on paddle-[01]: training$", out, re.M)) == ["0", "1"]
     assert re.search(r"^\[paddle-[01]\] epoch 3 loss \d+\.\d{4}$", out, re.M)

@@ -97,7 +97,7 @@ def test_a_statefulset_gang_succeeds_once_and_parks_instead_of_rerunning(tmp_pat
     assert runs(result.stdout) == {0: [1], 1: [1], 2: [1]}  # every member trained once, in the same attempt
     assert len(events(result.stdout, "TRAIN END")) == 3
     rows = summary(result.stdout)
-    assert {pod: (row[1], row[3]) for pod, row in rows.items()} == {f"gang-{i}": ("0", "Parked") for i in range(3)}
+    assert {pod: (row[1], row[3]) for pod, row in rows.items()} == {f"gang-{i}": ("0", "Succeeded") for i in range(3)}
     for i in range(3):
         assert re.search(rf"^\[gang-{i}\] trainhook-launch run: parked: the gang is done and this pod's containers "
                          r"are restarted when they exit \(restartPolicy Always\)", result.stdout, re.M)
@@ -321,4 +321,4 @@ def test_a_torch_ddp_gang_under_the_launcher_restarts_with_a_fresh_rendezvous_an
     assert len(digests) == 1 and len(re.findall(r"final parameters digest", result.stdout)) == 2
     assert re.search(r"^\[ddp-0\] epoch 2 loss ", result.stdout, re.M)
     assert "gang default/ddp succeeded (exit 0; attempt 2, 1 gang restart)" in result.stdout
-    assert {pod: row[3] for pod, row in summary(result.stdout).items()} == {"ddp-0": "Parked", "ddp-1": "Parked"}
+    assert {pod: row[3] for pod, row in summary(result.stdout).items()} == {"ddp-0": "Succeeded", "ddp-1": "Succeeded"}

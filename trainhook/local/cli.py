@@ -95,7 +95,7 @@ def summary_table(result: RunResult) -> str:
     for pod in result.pods:
         code = pod.exit_code
         rows.append((pod.name, pod.rank or "-", "-" if code is None else str(code), _duration(pod.duration),
-                     pod.reason))
+                     pod.shown_status(result.gangs)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     verdict = ("succeeded" if result.exit_code == 0 else
@@ -103,7 +103,32 @@ def summary_table(result: RunResult) -> str:
     return "\n".join(lines + [f"run {verdict} (exit {result.exit_code})"])
 
 
-def _run(args: argparse.Namespace, run_dir: Path) -> int:
+def failing_pod(result: RunResult) -> str:
+    """The pod whose failure decided the run ("" when it succeeded or nothing names one)."""
+    if result.exit_code == 0:
+        return ""
+    for outcome in result.gangs.values():
+        if outcome.get("phase") != "Succeeded" and outcome.get("pod"):
+            return str(outcome["pod"])
+    named = result.first_failure.split("/", 1)[0]
+    return named if any(pod.name == named for pod in result.pods) else ""
+
+
+def where_to_look(result: RunResult, kept: Path | None) -> str:
+    """The closing line: where the run's logs and outcome are, the failing pod's first. A temporary run directory
+    is removed at exit, so without --keep-dir/--workdir the terminal is the only place, and the line says so."""
+    failing = failing_pod(result)
+    if kept is None:
+        where = "logs: printed above, each line prefixed with its pod"
+        where += f" (the failing pod's lines start [{failing}])" if failing else ""
+        return where + ("; not kept: --keep-dir or --workdir DIR keeps every container's log and outcome.json")
+    where = f"logs: {kept}/logs/POD/CONTAINER.log"
+    where += f" (the failing pod's: {kept}/logs/{failing}/)" if failing else ""
+    return where + f"; outcome: {kept}/outcome.json"
+
+
+def _run(args: argparse.Namespace, run_dir: Path, kept: Path | None) -> int:
+    """Admit, run and summarize; `kept` is the run directory when it outlives the run (--workdir, --keep-dir)."""
     manifest = load_manifest(args.manifest, args.namespace)
     if manifest.ignored:
         _warn(f"ignored (a local run emulates Services, StatefulSets, Jobs, Pods, ConfigMaps and Secrets only): "
@@ -132,8 +157,10 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
             # The pods' way to the notary: the bridge's NOTARY_PORT, relayed to the webhook's notary listener.
             relay = NotaryRelay(network.listen_on_switch(NOTARY_PORT), webhook.notary_port)
             relay.start()
+            files = (f"run files in {run_dir}" if kept is not None else
+                     "run files in a temporary directory removed at exit (--keep-dir keeps it)")
             _say(f"run {network.run_id}: pod network {network.subnet} (isolated: nothing routes out), network "
-                 f"namespaces {network.switch[:-2]}*, run files in {run_dir}")
+                 f"namespaces {network.switch[:-2]}*, {files}")
             pods = prepare_pods(state, manifest, network, run_dir, args.cluster_domain)
             _say(f"starting {len(pods)} pod(s); images are not pulled: each container's command runs on this "
                  f"machine with the current Python environment ({sys.executable})")
@@ -147,6 +174,7 @@ def _run(args: argparse.Namespace, run_dir: Path) -> int:
                 for error in network.close():
                     _warn(f"cleanup: {error}")
     print(summary_table(result), flush=True)
+    print(where_to_look(result, kept), flush=True)
     return result.exit_code
 
 
@@ -157,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     code = 1
     try:
-        code = _run(args, run_dir)
+        code = _run(args, run_dir, None if temporary and not args.keep_dir else run_dir)
     except (ManifestError, ControllerError, EnvError, NetworkError) as e:
         print(f"error: {e}", file=sys.stderr)
         code = 1

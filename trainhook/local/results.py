@@ -35,7 +35,7 @@ class PodResult:
     name: str
     rank: str
     containers: list[ContainerResult] = field(default_factory=list)
-    reason: str = "Pending"  # Completed, Error, Init:Error, Terminated, Parked, Pending
+    reason: str = "Pending"  # Completed, Error, Init:Error, Terminated, Parked, Deleted, Pending (see shown_status)
     training: str = ""  # the training container's name
     training_exit: int | None = None  # a gang-aware pod's training command's last exit code (its launcher's)
     gang: str = ""  # namespace/job of a gang-aware pod
@@ -62,6 +62,14 @@ class PodResult:
         starts = [c.started for c in self.containers if c.started is not None]
         ends = [c.finished for c in self.containers if c.finished is not None]
         return max(ends) - min(starts) if starts and ends else None
+
+    def shown_status(self, gangs: dict[str, dict]) -> str:
+        """The summary's STATUS. A pod parked after its gang succeeded shows `Succeeded`: parking is how its
+        launcher kept a StatefulSet's pod from rerunning the finished training (on a cluster the notary then scales
+        it away), a mechanism, not the pod's result. After a failure it stays `Parked`, its own code in EXIT."""
+        if self.reason == "Parked" and (gangs.get(self.gang) or {}).get("phase") == "Succeeded":
+            return "Succeeded"
+        return self.reason
 
 
 @dataclass
