@@ -146,6 +146,8 @@ def test_a_launcher_whose_pod_is_not_a_member_gets_no_key_and_says_why(notary, c
                         [sys.executable, "-c", f"open({str(marker)!r}, 'w')"], TRAINHOOK_WAIT_TIMEOUT="5")
     try:
         code = launcher.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the launcher did not give up:\n{launcher.log}") from None
     finally:
         launcher.stop()
     assert code != 0 and not marker.exists(), launcher.log

@@ -11,9 +11,11 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -189,3 +191,45 @@ def test_a_workload_record_is_written_once_and_a_stale_version_conflicts(tmp_pat
     assert patch_stored_workload(tmp_path, "ns", "StatefulSet", "absent", patch) is None
     with pytest.raises(ValueError, match="not a valid name"):
         workload_path(tmp_path, "ns", "StatefulSet", "../../escape")
+
+
+# --- the relay from the pod network to the notary (its netns socket is exercised by every local run) -----------
+def test_the_relay_copies_bytes_both_ways_and_closes_connections_beyond_its_bound(monkeypatch):
+    from trainhook.local import notary_relay
+
+    monkeypatch.setattr(notary_relay, "MAX_CONNECTIONS", 2)
+    upstream = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        while True:
+            try:
+                conn, _ = upstream.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    def serve(conn: socket.socket) -> None:  # answers each chunk; closes when the client has (as the notary does)
+        with conn:
+            for data in iter(lambda: conn.recv(100), b""):
+                conn.sendall(b"echo:" + data)
+
+    threading.Thread(target=echo, daemon=True).start()
+    with notary_relay.NotaryRelay(socket.create_server(("127.0.0.1", 0)), upstream.getsockname()[1]) as relay:
+        address = relay.listener.getsockname()
+        first, second = socket.create_connection(address, 5), socket.create_connection(address, 5)
+        for sock in (first, second):
+            sock.settimeout(5)
+            sock.sendall(b"hello")
+            assert sock.recv(100) == b"echo:hello"
+        third = socket.create_connection(address, 5)
+        third.settimeout(5)
+        assert third.recv(100) == b""  # closed at accept: two are open
+        first.close()
+        wait_for("the relay to let the first connection go", lambda: relay.connections < 2, 5)
+        fourth = socket.create_connection(address, 5)
+        fourth.settimeout(5)
+        fourth.sendall(b"again")
+        assert fourth.recv(100) == b"echo:again" and relay.relayed == 3
+        for sock in (second, third, fourth):
+            sock.close()
+    upstream.close()
