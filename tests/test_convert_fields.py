@@ -202,18 +202,33 @@ def test_a_missing_training_container_is_warned_and_the_first_used():
     assert [item.container for item in explained.pods] == ["pytorch", "trainer", "trainer"]
 
 
-def test_a_container_without_command_is_warned_unless_the_job_names_its_entrypoint():
+def test_a_container_without_command_is_refused_unless_its_entrypoint_is_given():
+    """Issue 25: convert wrote manifests the webhook refuses (the image's ENTRYPOINT cannot be read at admission);
+    now it refuses, naming every such container and the three fixes, and each fix works."""
     source = job("TFJob")
     for replica in source["spec"]["tfReplicaSpecs"].values():
         replica["template"]["spec"]["containers"][0].pop("command")
-    assert convert_job(source).warnings == [
-        f"TFJob/j: spec.tfReplicaSpecs.{t}: container tensorflow has no command (its image's ENTRYPOINT, which "
-        f"admission cannot read): the webhook refuses its pods; write the entrypoint as command, or give it in the "
-        f"job's annotation {keys.ENTRYPOINT}" for t in ("Chief", "Worker")]
+    with pytest.raises(ConvertError) as refused:
+        convert_job(source)
+    assert str(refused.value).startswith(
+        "TFJob/j: spec.tfReplicaSpecs.Chief: container tensorflow and spec.tfReplicaSpecs.Worker: container "
+        "tensorflow have no command: it would run its image's ENTRYPOINT, which trainhook's webhook cannot read")
+    assert "--entrypoint '[\"python\", \"/app/train.py\"]'" in str(refused.value)
+    assert f"annotate the job {keys.ENTRYPOINT}" in str(refused.value)
+    given = convert_job(source, entrypoint=["python", "/app/train.py"])  # --entrypoint: written as the command
+    assert given.warnings == []
+    for workload in by_kind(given.objects)["StatefulSet"]:
+        assert workload["spec"]["template"]["spec"]["containers"][0]["command"] == ["python", "/app/train.py"]
+    assert [p.pod["spec"]["containers"][0]["command"][-2:] for p in explain_text(to_yaml(given.objects)).pods] == \
+        [["python", "/app/train.py"]] * 3
     source["metadata"]["annotations"] = {keys.ENTRYPOINT: '["python", "/app/train.py"]'}
     converted = convert_job(source)
     assert converted.warnings == []
     explain_text(to_yaml(converted.objects))  # the webhook accepts every pod
+    source["metadata"]["annotations"] = {keys.ENTRYPOINT: "python /app/train.py"}  # not the contract's JSON list
+    with pytest.raises(ConvertError, match=r"entrypoint='python /app/train.py': not an entrypoint: a plain string.*"
+                                           r'e\.g\. \["python", "/app/train\.py"\]'):
+        convert_job(source)
 
 
 @pytest.mark.parametrize("text, message", [

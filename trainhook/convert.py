@@ -18,6 +18,8 @@ from trainhook.convert_policies import KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, SL
     set_mpi_commands, training_container
 from trainhook.convert_run_policy import Restart, clean_pod_policy, pod_restart_policy, run_policy
 from trainhook.render import Gang, RenderError, gang_objects
+from trainhook.webhook.delivery import parse_entrypoint
+from trainhook.webhook.gang import Problems
 from trainhook.yaml_stream import yaml_documents
 
 __all__ = ["KINDS", "ConvertError", "Converted", "MPI_IMPLEMENTATION", "SLOTS_PER_WORKER", "convert_job",
@@ -83,25 +85,67 @@ def role_template(kubeflow_spec: dict, role: str, kind: KubeflowKind, main_conta
     return template, restart, kubeflow_port(container, kind.port_name)
 
 
-def warn_entrypoints(templates: list[tuple[str, int, dict]], types: dict[str, str], kind: KubeflowKind,
-                     main_container: str, job_annotations: dict, fields: Fields) -> None:
-    """A training container without `command` runs its image's ENTRYPOINT, which the webhook cannot read to wrap it
-    in trainhook-launch (docs/delivery.md): it refuses the pods unless an annotation gives the entrypoint."""
+def check_keys(where: str, labels: dict, annotations: dict, templates: list[tuple[str, int, dict]],
+               types: dict[str, str], replica_specs: str) -> None:
+    """A trainhook.dev/ key of the job or a pod template that trainhook would never read (a typo): refused, as
+    by every CLI tool (keys.unknown_keys): the converted gang would silently run without it."""
+    problems = keys.unknown_keys(labels, annotations)
+    for role, _, template in templates:
+        meta = template.get("metadata") or {}
+        problems += keys.unknown_keys(meta.get("labels"), meta.get("annotations"),
+                                      f"spec.{replica_specs}.{types[role]}.template.metadata")
+    if problems:
+        raise ConvertError(f"{where}: " + "; ".join(problems))
+
+
+def parse_entrypoint_option(text: str) -> list[str]:
+    """`--entrypoint`'s value, refused as the webhook refuses the annotation (a JSON list of strings)."""
+    problems = Problems()
+    value = parse_entrypoint(text, problems)
+    if value is None:
+        raise ConvertError("--entrypoint " + "; ".join(problems).replace(f"{keys.ENTRYPOINT}=", "", 1))
+    return value
+
+
+def require_commands(templates: list[tuple[str, int, dict]], types: dict[str, str], kind: KubeflowKind,
+                     main_container: str, job_annotations: dict, entrypoint: list[str] | None, where: str) -> None:
+    """A training container without `command` runs its image's ENTRYPOINT, which the webhook cannot read to wrap
+    it in trainhook-launch (docs/delivery.md): it would refuse the pods. So convert refuses too, naming the fixes,
+    unless `--entrypoint` gives the image's entrypoint (written as the container's command) or the job or
+    template annotates it (`trainhook.dev/entrypoint`, checked here as the webhook checks it). An MPI launcher's
+    workers need none (they run `trainhook-launch mpi-worker`)."""
+    missing = []
     for role, _, template in templates:
         given = {**job_annotations, **((template.get("metadata") or {}).get("annotations") or {})}
+        if keys.ENTRYPOINT in given:
+            problems = Problems()
+            if parse_entrypoint(given[keys.ENTRYPOINT], problems) is None:
+                raise ConvertError(f"{where}: " + "; ".join(problems))
         if keys.ENTRYPOINT in given or given.get(keys.LAUNCHER) == keys.LAUNCHER_NONE:
             continue
+        if kind.framework == keys.MPI and role == "worker":
+            continue
         container = training_container(template, kind, main_container) or template["spec"]["containers"][0]
-        if not container.get("command"):
-            fields.warnings.append(
-                f"{fields.where}: spec.{kind.replica_specs}.{types[role]}: container {container.get('name')} "
-                f"has no command (its image's ENTRYPOINT, which admission cannot read): the webhook refuses its pods; "
-                f"write the entrypoint as command, or give it in the job's annotation {keys.ENTRYPOINT}")
+        if container.get("command"):
+            continue
+        if entrypoint is not None:
+            container["command"] = list(entrypoint)
+            continue
+        missing.append(f"spec.{kind.replica_specs}.{types[role]}: container {container.get('name')}")
+    if missing:
+        raise ConvertError(
+            f"{where}: {' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no command: it would run "
+            f"its image's ENTRYPOINT, which trainhook's "
+            f"webhook cannot read (that needs a registry call) to run it under trainhook-launch, so it would refuse "
+            f"the pods; give the image's entrypoint with --entrypoint '[\"python\", \"/app/train.py\"]' (written "
+            f"as the container's command), or write `command` in the job, or annotate the job "
+            f"{keys.ENTRYPOINT}: '[\"python\", \"/app/train.py\"]'")
 
 
 def convert_job(job: dict, workload_kind: str = "statefulset", gang_scheduler: str | None = None,
-                namespace: str | None = None) -> Converted:
-    """One Kubeflow job as trainhook objects (Service, workloads, PodGroup) and the warnings for what is left."""
+                namespace: str | None = None, entrypoint: list[str] | None = None) -> Converted:
+    """One Kubeflow job as trainhook objects (Service, workloads, PodGroup) and the warnings for what is left.
+    `entrypoint`: the image's ENTRYPOINT, the command of training containers that have none."""
     api_version, kind_name = job.get("apiVersion", ""), job.get("kind", "")
     kind = KINDS.get((api_version, kind_name))
     meta = copy.deepcopy(job.get("metadata") or {})
@@ -167,11 +211,11 @@ def convert_job(job: dict, workload_kind: str = "statefulset", gang_scheduler: s
         restarts[replica_type] = restart
         if port is not None:
             ports[role] = port
+    types = {r: t for r, (t, _, _) in roles_in.items()}
+    check_keys(where, labels, annotations_in, templates, types, kind.replica_specs)
+    require_commands(templates, types, kind, main_container, annotations_in, entrypoint, where)
     if kind.framework == keys.MPI:
         set_mpi_commands(templates, kind, main_container, fields)
-    else:
-        warn_entrypoints(templates, {r: t for r, (t, _, _) in roles_in.items()}, kind, main_container, annotations_in,
-                         fields)
     container_name = main_container or kind.container
     having = [t for _, _, t in templates if training_container(t, kind, main_container)]
     if container_name and len(having) == len(templates):
@@ -234,7 +278,8 @@ def is_kubeflow(obj: dict) -> bool:
 
 
 def convert_text(text: str, path: str = "<input>", workload_kind: str = "statefulset",
-                 gang_scheduler: str | None = None, namespace: str | None = None) -> Converted:
+                 gang_scheduler: str | None = None, namespace: str | None = None,
+                 entrypoint: list[str] | None = None) -> Converted:
     """Every Kubeflow job of a YAML stream converted; other objects (ConfigMaps, ...) passed through as they are."""
     result = Converted()
     objects = load_documents(text, path)
@@ -244,7 +289,7 @@ def convert_text(text: str, path: str = "<input>", workload_kind: str = "statefu
         if not is_kubeflow(obj):
             result.objects.append(obj)
             continue
-        converted = convert_job(obj, workload_kind, gang_scheduler, namespace)
+        converted = convert_job(obj, workload_kind, gang_scheduler, namespace, entrypoint)
         result.objects += converted.objects
         result.warnings += converted.warnings
     return result

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from trainhook import keys
-from trainhook.convert import ConvertError, convert_text
+from trainhook.convert import ConvertError, convert_text, parse_entrypoint_option
 from trainhook.render import KINDS, to_yaml
 
 
@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Kueue's queue-name label, a volcano or scheduler-plugins schedulerName)")
     parser.add_argument("-n", "--namespace", help="the namespace of jobs that name none")
     parser.add_argument("-o", "--output", metavar="FILE", help="write the manifests here instead of stdout")
+    parser.add_argument("--entrypoint", metavar="JSON",
+                        help="the image's ENTRYPOINT as a JSON list, e.g. '[\"python\", \"/app/train.py\"]': the "
+                             "command of training containers that have none (the webhook cannot read an image's; "
+                             "without this, such a job is refused)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -32,7 +36,8 @@ def main(args: argparse.Namespace) -> int:
             text, path = sys.stdin.read(), "<stdin>"
         else:
             text, path = Path(args.file).read_text(encoding="utf-8"), args.file
-        converted = convert_text(text, path, args.kind, args.gang_scheduler, args.namespace)
+        entrypoint = parse_entrypoint_option(args.entrypoint) if args.entrypoint is not None else None
+        converted = convert_text(text, path, args.kind, args.gang_scheduler, args.namespace, entrypoint)
     except OSError as e:
         print(f"error: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
         return 1

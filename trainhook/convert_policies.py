@@ -198,12 +198,9 @@ def set_mpi_commands(templates: list[tuple[str, int, dict]], kind: KubeflowKind,
     for role, _, template in templates:
         container = training_container(template, kind, main_container) or template["spec"]["containers"][0]
         path = f"spec.{kind.replica_specs}.{role.capitalize()}"
-        if role == "launcher":
+        if role == "launcher":  # without a command, convert.require_commands found its entrypoint annotated
             if container.get("command"):
                 container["command"] = mpi_launch(container["command"])
-            else:
-                fields.warnings.append(f"{fields.where}: {path}: no command to run under `trainhook-launch mpirun "
-                                       "--` (the image's entrypoint is unknown here); write it out")
             continue
         own = (container.get("command") or []) + (container.get("args") or [])
         if own[:2] != MPI_WORKER:

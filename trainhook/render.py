@@ -190,6 +190,18 @@ def check_scheduling(scheduling: Scheduling | None, members: int) -> None:
         raise RenderError("--schedule-timeout-seconds is a coscheduling PodGroup field")
 
 
+def check_keys(gang: Gang) -> None:
+    """A trainhook.dev/ key trainhook never reads (keys.unknown_keys) in a given pod template (the SDK's, convert's)
+    or the gang's annotations is refused: the manifests would silently run without it."""
+    problems = keys.unknown_keys({}, gang.annotations, "annotations")
+    for role, _, template in gang.roles:
+        meta = template.get("metadata") or {}
+        problems += [f"role {role}: {p}" for p in keys.unknown_keys(meta.get("labels"), meta.get("annotations"),
+                                                                     "template.metadata")]
+    if problems:
+        raise RenderError("; ".join(problems))
+
+
 def gang_objects(gang: Gang) -> list[dict]:
     """The Service, one workload per role (rank order) and the PodGroup, if the scheduler needs one."""
     if gang.kind not in KINDS:
@@ -205,6 +217,7 @@ def gang_objects(gang: Gang) -> list[dict]:
     if not gang.roles:
         raise RenderError("the gang has no replicas: give --workers N or --role ROLE=N")
     gang.roles.sort(key=lambda item: order.index(item[0]))
+    check_keys(gang)
     check_scheduling(gang.scheduling, size(gang))
     objects = [service(gang.name, gang.namespace)]
     objects += [workload(gang, role, count, template) for role, count, template in gang.roles]
