@@ -11,8 +11,11 @@ The rules (contract section 7):
   TensorFlow's worker 0, since a parameter server serves until it is stopped; else rank 0). Any other member
   exiting 0 before it has finished its part and waits.
 - A member exiting non-zero, or its launcher going away mid-run, fails the gang: every member is told at once
-  (`done`), or, under restart-gang with a retryable code (128 and above) and budget left, every running member
-  is told to stop and the next attempt starts when all have stopped and are connected (a fresh rendezvous).
+  (`done`), or, under restart-gang with a failure the failure rules retry (failure_rules.py: by default signals,
+  lost peers and timeouts) and budget left, every running member is told to stop and the next attempt starts when
+  all have stopped and are connected (a fresh rendezvous). The outcome's reason names the rule that decided.
+- A failure fatal only by the default rule (exit 1-127) waits `settle` seconds for a member's death by signal:
+  a member whose peer was killed often exits 1 first, and the killed one's failure is the gang's.
 - The active deadline fails the gang (exit 124) however many attempts it took.
 - A member that joins once the gang is done is told the outcome and never runs; one that joins after it
   finished its part of the current attempt (its container restarted) is told so and does not run it again.
@@ -41,7 +44,8 @@ from trainhook.launcher import elastic
 from trainhook.launcher.gang import Gang
 from trainhook.launcher.gang_report import DONE, EXITED, IDLE, RUNNING, STOPPED, Record, Report
 from trainhook.launcher.lifecycle import (ACTIVE_DEADLINE_SECONDS, EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED,
-                                          FAILED, RESTART_GANG, SUCCEEDED, Outcome, Policy, now_rfc3339, retryable)
+                                          FAILED, RESTART_GANG, SUCCEEDED, Outcome, Policy, now_rfc3339)
+from trainhook.launcher.failure_rules import LOST_PEER, describe_code
 from trainhook.launcher.pending import PendingConnections
 from trainhook.launcher.wait import describe, listen
 
@@ -82,6 +86,7 @@ class GangState:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message) for the notary
     claims_refused: set = field(default_factory=set)  # ranks whose claimed outcome was refused (logged once)
     tails: dict = field(default_factory=dict)  # rank -> the last lines of its latest ended training (the outcome's)
+    settling: tuple | None = None  # (rank, code, reason, until): a failure fatal by default, waiting (_failure)
 
     def __post_init__(self) -> None:
         self.records = [Record() for _ in self.gang.peers]
@@ -117,7 +122,8 @@ class GangState:
                             f"already and will not run it again")
         elif current and record.status == RUNNING and not self.elastic:
             record.status, record.code = report.status, report.code
-            self._failure(rank, EXIT_LOST, f"{self.gang.peers[rank]} lost its training (its launcher restarted)")
+            self._failure(rank, EXIT_LOST, f"{self.gang.peers[rank]} lost its training (its launcher restarted)",
+                          LOST_PEER)
         elif current and record.status == RUNNING:
             record.status, record.code = IDLE, None  # its training is gone; elastic.joins_running starts it
         else:
@@ -162,12 +168,16 @@ class GangState:
         elif self.outcome is None and self.phase == RUNNING_PHASE and record.attempt == self.attempt \
                 and record.status == RUNNING:
             self._failure(rank, EXIT_LOST, f"{self.gang.peers[rank]}: its launcher went away (pod deleted or "
-                                           f"evicted, container killed, or node lost)")
+                                           f"evicted, container killed, or node lost)", LOST_PEER)
         self._advance()
 
     def tick(self, now: float) -> None:
         self.now = now
         if self.outcome is not None:
+            return
+        if self.settling is not None and now >= self.settling[3]:
+            rank, code, reason, _ = self.settling
+            self._finish(Outcome(FAILED, code, reason, rank, now_rfc3339(), self.attempt, self.restarts))
             return
         if self.policy.deadline and self.since is not None and now - self.since > self.policy.deadline:
             self._finish(Outcome(FAILED, EXIT_DEADLINE, f"DeadlineExceeded: the gang ran longer than "
@@ -216,7 +226,8 @@ class GangState:
             self.attempt = report.attempt
             self.phase = RUNNING_PHASE
             self._failure(0, EXIT_LOST, f"{self.gang.peers[0]}: its launcher restarted during attempt "
-                                        f"{self.attempt} (its container was restarted or its pod replaced)")
+                                        f"{self.attempt} (its container was restarted or its pod replaced)",
+                          LOST_PEER)
 
     def _take(self, rank: int, report: Report) -> None:
         """A member's news. About another attempt than the current one, only whether it still runs something
@@ -238,7 +249,7 @@ class GangState:
             return
         peer = self.gang.peers[rank]
         if record.code == 0 and record.status == EXITED:
-            if rank == self.decider:
+            if rank == self.decider and self.settling is None:
                 self._finish(Outcome(SUCCEEDED, 0, f"{peer} exited 0", rank, now_rfc3339(), self.attempt,
                                      self.restarts))
             else:
@@ -247,11 +258,34 @@ class GangState:
         else:
             code = EXIT_LOST if record.code is None else record.code
             how = "exited with" if record.status == EXITED else "stopped with"
-            self._failure(rank, code, f"{peer} {how} {code}" + (f" ({report.cause})" if report.cause else ""))
+            self._failure(rank, code, f"{peer} {how} {describe_code(code)}"
+                          + (f" ({report.cause})" if report.cause else ""), report.symptom)
 
-    def _failure(self, rank: int, code: int, why: str) -> None:
+    def _failure(self, rank: int, code: int, why: str, symptom: str = "") -> None:
+        """A member failed: under restart-gang the failure rules decide whether the gang restarts (failure_rules),
+        and the reason says which rule did; fail-gang retries nothing."""
         policy = self.policy
-        if policy.on_failure == RESTART_GANG and retryable(code) and self.restarts < policy.max_restarts:
+        if policy.on_failure != RESTART_GANG:
+            self._finish(Outcome(FAILED, code, why, rank, now_rfc3339(), self.attempt, self.restarts))
+            return
+        decision = policy.rules.decide(code, symptom)
+        if self.settling is not None:
+            if code < 128 or not decision.restart:
+                return  # the failure waiting to be final stands; this one is likely its consequence
+            self.log.append(f"{why}: this is the gang's failure, not {self.gang.peers[self.settling[0]]}'s exit "
+                            f"{self.settling[1]}")
+            self.settling = None
+        if not decision.restart:
+            reason = f"{why}; {decision.words()} makes it fatal"
+            if decision.rule.default and policy.settle > 0:
+                self.settling = (rank, code, reason, self.now + policy.settle)
+                self.log.append(f"{reason}: failing the gang in {policy.settle:g}s unless a member's death by a "
+                                f"signal shows what caused it")
+                return
+            self._finish(Outcome(FAILED, code, reason, rank, now_rfc3339(), self.attempt, self.restarts))
+            return
+        why = f"{why}; {decision.words()} retries it"
+        if self.restarts < policy.max_restarts:
             self.restarts += 1
             self.phase, self.barrier_since = RESTARTING, self.now
             self.log.append(f"{why}: restarting the gang (restart {self.restarts} of {policy.max_restarts}); "
@@ -263,13 +297,11 @@ class GangState:
                 if record.connection and record.status == RUNNING:
                     self.outbox.append((member, {"type": "stop", "attempt": self.attempt, "why": why}))
             return
-        if policy.on_failure == RESTART_GANG:
-            why += (f"; restart-gang's budget ({policy.max_restarts}) is spent" if retryable(code) else
-                    "; exit codes 1-127 are not retried")
-        self._finish(Outcome(FAILED, code, why, rank, now_rfc3339(), self.attempt, self.restarts))
+        self._finish(Outcome(FAILED, code, f"{why}, but restart-gang's budget ({policy.max_restarts}) is spent",
+                             rank, now_rfc3339(), self.attempt, self.restarts))
 
     def _finish(self, outcome: Outcome, announce: bool = True) -> None:
-        self.outcome, self.phase = outcome, DONE_PHASE
+        self.outcome, self.phase, self.settling = outcome, DONE_PHASE, None
         if announce:
             self.log.append(outcome.summary())
         for rank, record in enumerate(self.records):

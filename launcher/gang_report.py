@@ -15,7 +15,7 @@ IDLE, RUNNING, EXITED, STOPPED, DONE = "idle", "running", "exited", "stopped", "
 STATUSES = (IDLE, RUNNING, EXITED, STOPPED, DONE)
 # An ended training's last lines (output_tail.TAIL_BYTES of UTF-8, which JSON may spell up to 6 times longer: well
 # within the wire's 64 KiB line) and why it could not start, in words.
-MAX_TAIL, MAX_CAUSE = 4096, 256
+MAX_TAIL, MAX_CAUSE, MAX_SYMPTOM = 4096, 256, 32
 
 
 @dataclass
@@ -30,6 +30,8 @@ class Report:
     outcome: dict | None = None
     tail: str | None = None  # the last lines of this attempt's training, once it ended (output_tail)
     cause: str = ""  # why the training could not start (`command not found: torchrun`), once it ended
+    # What its launcher recognized in the failure (failure_cause: `lost-peer`, `timeout`), for failure_rules.
+    symptom: str = ""
 
     def to_dict(self) -> dict:
         body = {"attempt": self.attempt, "status": self.status, "code": self.code, "restarts": self.restarts,
@@ -38,6 +40,8 @@ class Report:
             body["tail"] = self.tail
         if self.cause:
             body["cause"] = self.cause
+        if self.symptom:
+            body["symptom"] = self.symptom
         return body
 
     @classmethod
@@ -63,7 +67,10 @@ class Report:
             raise ValueError(f"tail must be text of at most {MAX_TAIL} bytes")
         if not isinstance(cause, str) or len(cause) > MAX_CAUSE:
             raise ValueError(f"cause must be text of at most {MAX_CAUSE} characters")
-        return cls(attempt, status, code, restarts, since, outcome, tail, cause)
+        symptom = data.get("symptom", "")
+        if not isinstance(symptom, str) or len(symptom) > MAX_SYMPTOM:
+            raise ValueError(f"symptom must be text of at most {MAX_SYMPTOM} characters")
+        return cls(attempt, status, code, restarts, since, outcome, tail, cause, symptom)
 
 
 @dataclass

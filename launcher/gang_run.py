@@ -31,9 +31,11 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -42,7 +44,7 @@ from typing import Mapping, Sequence
 
 from trainhook import keys
 from trainhook.launcher import gang_protocol as wire
-from trainhook.launcher import ending, identity
+from trainhook.launcher import ending, failure_cause, identity
 from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, Report
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
@@ -219,6 +221,8 @@ class Member:
         self.coordinator: Coordinator | None = None
         self.link = Link(gang, settings, self.events, self.report)
         self.pid1 = os.getpid() == 1
+        self.error_directory: str | None = None  # error_dir(); removed when the launcher ends
+        self.error_file, self.started_at = "", 0.0
 
     # --- entry ------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -231,6 +235,8 @@ class Member:
             self.link.close()
             if self.coordinator is not None:
                 self.coordinator.close()
+            if self.error_directory:
+                shutil.rmtree(self.error_directory, ignore_errors=True)
 
     def _run(self) -> int:
         gang, settings = self.gang, self.settings
@@ -363,6 +369,8 @@ class Member:
     def exited(self, attempt: int, code: int) -> int | None:
         if self.training is not None:  # its last lines go with its exit report (kept with a failed outcome)
             self.report.tail, self.report.cause = self.training.tail(), command_missing(code, self.training.tail())
+            if code and not self.stopping:  # what torchrun's exit 1 hides: a worker's signal, a lost peer
+                code = self.judge(code, self.report.tail)
         self.training, self.last_code = None, code
         self.report.status = STOPPED if self.stopping else EXITED
         self.report.code = code
@@ -403,9 +411,10 @@ class Member:
     # --- the training -----------------------------------------------------------------------------------------
     def start_training(self, attempt: int) -> None:
         say(f"attempt {attempt}: starting the training" + (f" (gang restart {attempt - 1})" if attempt > 1 else ""))
-        training = Training(self.argv, attempt_env(self.env, attempt),
-                            lambda code: self.events.put(("exited", attempt, code)))
-        self.report.tail, self.report.cause = None, ""
+        env, self.error_file = failure_cause.error_file_env(attempt_env(self.env, attempt), self.error_dir(), attempt)
+        self.started_at = time.time()
+        training = Training(self.argv, env, lambda code: self.events.put(("exited", attempt, code)))
+        self.report.tail, self.report.cause, self.report.symptom = None, "", ""
         failed = training.start()
         if failed is not None:
             self.report.status, self.report.code, self.last_code = EXITED, failed, failed
@@ -416,6 +425,27 @@ class Member:
         self.report.status, self.report.code = RUNNING, None
         self.link.update(self.report)
         self.status("running")
+
+    def error_dir(self) -> str:
+        """A private directory for torchrun's error files (failure_cause), made once; "" when none can be."""
+        if self.error_directory is None:
+            try:
+                self.error_directory = tempfile.mkdtemp(prefix="trainhook-launch-")
+            except OSError as e:  # a read-only /tmp: the failure is judged by the output alone
+                say(f"no directory for torchrun's error file ({e.strerror or e}); judging failures by the output")
+                self.error_directory = ""
+        return self.error_directory
+
+    def judge(self, code: int, tail: str) -> int:
+        """The training's code as the gang judges it (failure_cause.judge): torchrun's exit 1 for a worker killed
+        by SIGKILL becomes 137, and a lost peer or a timeout is named for the failure rules."""
+        cause = failure_cause.judge(code, tail, failure_cause.read_error_file(self.error_file, self.started_at))
+        self.report.symptom = cause.symptom
+        if cause.detail:
+            self.report.cause = self.report.cause or cause.detail
+            say(f"the training exited with {code}: {cause.detail}" + (f"; reporting exit {cause.code}"
+                                                                       if cause.code != code else ""))
+        return cause.code
 
     def stop_training(self) -> None:
         if self.training is None:

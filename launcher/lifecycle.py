@@ -13,11 +13,13 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from trainhook import keys
+from trainhook.launcher.failure_rules import FailureRules, RulesError
 from trainhook.launcher.gang import ConfigError, Gang, parse_number
 
 ON_FAILURE, ACTIVE_DEADLINE_SECONDS = keys.ON_FAILURE, keys.ACTIVE_DEADLINE_SECONDS
 PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE = keys.PHASE, keys.PHASE_TIME, keys.PHASE_REASON, keys.EXIT_CODE
 TH_ON_FAILURE, TH_MAX_RESTARTS, TH_ACTIVE_DEADLINE = keys.TH_ON_FAILURE, keys.TH_MAX_RESTARTS, keys.TH_ACTIVE_DEADLINE
+TH_FAILURE_RULES = keys.TH_FAILURE_RULES
 TH_WORKLOAD, TH_RESTART_POLICY, TH_COORDINATOR_PORT = keys.TH_WORKLOAD, keys.TH_RESTART_POLICY, keys.TH_COORDINATOR_PORT
 
 # --- Variables a user may set (not injected) ------------------------------------------------------------------
@@ -31,6 +33,10 @@ TH_IDENTITY_TOKEN = "TRAINHOOK_IDENTITY_TOKEN"
 IDENTITY_TOKEN_FILE = keys.IDENTITY_DIR + "/token"
 # Set by `trainhook local` on the training container: the file the launcher keeps its state in, for the runner.
 TH_LOCAL_STATUS = "TRAINHOOK_LOCAL_STATUS"
+# Seconds the coordinator waits, when a member's failure is fatal only by the default rule (exit 1-127), for a
+# failure that shows what caused it: a member whose peer was killed often exits 1 before the killed one's exit
+# (137) arrives, and the killed one's is the gang's real failure (coordinator.GangState._failure).
+TH_FAILURE_SETTLE = "TRAINHOOK_FAILURE_SETTLE"
 
 # --- Given to the training command, per attempt -----------------------------------------------------------------
 TH_ATTEMPT = "TRAINHOOK_ATTEMPT"  # 1, 2, ...: the gang's attempt this process belongs to (run.TH_ATTEMPT)
@@ -45,6 +51,7 @@ COORDINATOR_PORT = keys.COORDINATOR_PORT
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_FINISH_GRACE = 10.0
 DEFAULT_STOP_GRACE = 5.0  # with the coordinator's reaction, members stop well within the contract's 10 s
+DEFAULT_FAILURE_SETTLE = 3.0  # plus the stop grace, still within the contract's 10 s
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SUCCEEDED, FAILED = "Succeeded", "Failed"
 
@@ -55,12 +62,6 @@ EXIT_NOT_ASSEMBLED = 1  # members did not join (or come back) in time
 PORT_SHIFT_WINDOW = 64  # attempts shift MASTER_PORT by (attempt - 1) mod this
 
 
-def retryable(code: int) -> bool:
-    """Kubeflow's ExitCode restart policy: 128 and above (signals, OOM kills, evictions) may be retried; 1-127
-    are the program's own verdict and fail the gang at once."""
-    return code >= 128
-
-
 @dataclass(frozen=True)
 class Policy:
     """What the gang does about failures and time, read from the environment of rank 0 (the coordinator)."""
@@ -69,6 +70,8 @@ class Policy:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     deadline: float | None = None  # active-deadline-seconds
     join_timeout: float = 600.0  # how long members may take to join, or to come back for a restart
+    rules: FailureRules = FailureRules()  # which failures restart-gang retries (trainhook.dev/failure-rules)
+    settle: float = DEFAULT_FAILURE_SETTLE  # see TH_FAILURE_SETTLE
 
 
 @dataclass(frozen=True)
@@ -132,13 +135,20 @@ def read_settings(env: Mapping[str, str], gang: Gang) -> Settings:
     port = int(_number(env, TH_COORDINATOR_PORT, COORDINATOR_PORT, problems, integer=True, low=1, high=65535))
     finish = _number(env, TH_FINISH_GRACE, DEFAULT_FINISH_GRACE, problems)
     stop = _number(env, TH_STOP_GRACE, DEFAULT_STOP_GRACE, problems)
+    settle = _number(env, TH_FAILURE_SETTLE, DEFAULT_FAILURE_SETTLE, problems, high=600)
+    try:
+        rules = FailureRules.from_text(env.get(TH_FAILURE_RULES))
+    except RulesError as e:
+        rules = FailureRules()
+        problems.append(f"{TH_FAILURE_RULES}={env.get(TH_FAILURE_RULES)!r}: {e} (the {keys.FAILURE_RULES} "
+                        f"annotation: rules like {keys.RESTART_GANG}: SIGKILL, 1; {keys.FAIL_GANG}: 3)")
     kind, name = workload_of(env, gang)
     restart = env.get(TH_RESTART_POLICY, "").strip() or ("Never" if kind == "Job" else "Always")
     if restart not in RESTART_POLICIES:
         problems.append(f"{TH_RESTART_POLICY}={restart!r}: not a pod restartPolicy ({', '.join(RESTART_POLICIES)})")
     if problems:
         raise ConfigError(problems)
-    policy = Policy(on_failure, max_restarts, deadline or None, gang.wait_timeout or 600.0)
+    policy = Policy(on_failure, max_restarts, deadline or None, gang.wait_timeout or 600.0, rules, settle)
     return Settings(policy=policy, key=b"", port=port,
                     finish_grace=finish, stop_grace=stop, restart_policy=restart, workload_kind=kind,
                     workload_name=name, state_dir=env.get(TH_STATE_DIR, "").strip(),

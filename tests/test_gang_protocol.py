@@ -183,7 +183,7 @@ def test_a_failure_ends_the_gang_with_the_members_code_under_fail_gang():
     assemble(s)
     report(s, 1, EXITED, 137)
     assert (s.outcome.phase, s.outcome.code, s.outcome.rank) == ("Failed", 137, 1)
-    assert s.outcome.reason == "rank 1 (worker-1 at w-1.g) exited with 137"
+    assert s.outcome.reason == "rank 1 (worker-1 at w-1.g) exited with 137 (SIGKILL)"  # fail-gang: no rule asked
     assert sorted(drain(s)) == [(0, "done"), (1, "done"), (2, "done")]
 
 
@@ -199,15 +199,16 @@ def test_restart_gang_stops_everyone_then_starts_the_next_attempt_together():
     assert drain(s) == [(0, "start"), (1, "start"), (2, "start")] and s.attempt == 2
     report(s, 2, EXITED, 139)
     assert (s.outcome.code, s.outcome.attempt, s.outcome.restarts) == (139, 2, 1)
-    assert s.outcome.reason.endswith("restart-gang's budget (1) is spent")
+    assert s.outcome.reason == ("rank 2 (worker-2 at w-2.g) exited with 139 (SIGSEGV); rule restart-gang: signals "
+                                "(default) retries it, but restart-gang's budget (1) is spent")
 
 
-def test_restart_gang_never_retries_codes_below_128():
-    s = state(on_failure=RESTART_GANG, max_restarts=5)
+def test_restart_gang_never_retries_codes_below_128_by_default():
+    s = state(on_failure=RESTART_GANG, max_restarts=5, settle=0.0)
     assemble(s)
     report(s, 2, EXITED, 1)
     assert s.outcome.code == 1 and s.restarts == 0
-    assert s.outcome.reason.endswith("exit codes 1-127 are not retried")
+    assert s.outcome.reason.endswith("exited with 1; rule fail-gang: 1-127 (default) makes it fatal")
 
 
 def test_a_member_whose_launcher_goes_away_mid_run_is_a_retryable_failure():

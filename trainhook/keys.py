@@ -49,10 +49,13 @@ PRIORITY_CLASS = PREFIX + "priority-class"
 SCHEDULER_NAME = PREFIX + "scheduler-name"
 
 # Annotation: what the gang does when a member's training fails: fail-gang (default) or restart-gang (up to
-# MAX_RESTARTS times, for exit codes >= 128). Read by the launcher through TH_ON_FAILURE.
+# MAX_RESTARTS times, for the failures FAILURE_RULES retries). Read by the launcher through TH_ON_FAILURE.
 ON_FAILURE = PREFIX + "on-failure"
 FAIL_GANG, RESTART_GANG = "fail-gang", "restart-gang"
 ON_FAILURE_VALUES = (FAIL_GANG, RESTART_GANG)
+# Annotation: which failures `restart-gang` retries and which fail the gang at once, as ordered rules
+# `ACTION: MATCHER, ...; ...` (launcher/failure_rules.py; docs/gang-lifecycle.md). Read through TH_FAILURE_RULES.
+FAILURE_RULES = PREFIX + "failure-rules"
 # Annotation: seconds the gang may run, from its first start, across restarts (then it fails).
 ACTIVE_DEADLINE_SECONDS = PREFIX + "active-deadline-seconds"
 # Annotation: the MPI implementation the launcher runs: OpenMPI (default), Intel or MPICH.
@@ -71,7 +74,8 @@ ENTRYPOINT = PREFIX + "entrypoint"
 
 USER_ANNOTATIONS = (REPLICAS, PORT, NPROC_PER_NODE, ELASTIC, MAX_RESTARTS, CONTAINER, GANG_WAIT,
                     GANG_SCHEDULER, QUEUE, MIN_AVAILABLE, PRIORITY_CLASS, SCHEDULER_NAME,
-                    MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ON_FAILURE, ACTIVE_DEADLINE_SECONDS, LAUNCHER, ENTRYPOINT)
+                    MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ON_FAILURE, ACTIVE_DEADLINE_SECONDS, LAUNCHER, ENTRYPOINT,
+                    FAILURE_RULES)
 GANG_SCHEDULERS = ("kueue", "volcano", "coscheduling")
 
 # --- Annotations the launcher writes on the workload when the gang's outcome is known --------------------------
@@ -92,6 +96,10 @@ START_TIME = PREFIX + "start-time"  # when the gang's first attempt started, RFC
 LAST_LINES = PREFIX + "last-lines"  # JSON [{"rank", "pod", "lines"}]: the deciding rank's and rank 0's last lines
 OUTCOME_ANNOTATIONS = (PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE, PHASE_RANK, PHASE_POD, ATTEMPTS, START_TIME,
                        LAST_LINES)
+
+# --- What gang schedulers read on pods (set by the webhook; their objects come from `trainhook render`) --------
+# Kueue's plain-pod group integration (kueue.x-k8s.io, v0.6+).
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 KUEUE_POD_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
 KUEUE_POD_GROUP_TOTAL_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 # Volcano: the scheduler's name and the PodGroup a pod belongs to.

@@ -4,6 +4,7 @@ the deadline, and where the pod comes from (contract section 7; docs/gang-lifecy
 from __future__ import annotations
 
 from trainhook import keys
+from trainhook.launcher.failure_rules import DEFAULT_TEXT, EXAMPLE, RulesError, parse
 from trainhook.webhook.gang import Member, Problems
 
 
@@ -19,14 +20,36 @@ def check_lifecycle_options(annotations: dict, problems: Problems) -> None:
     if deadline is not None and not (deadline.isdigit() and int(deadline) > 0):
         problems.add(keys.ACTIVE_DEADLINE_SECONDS, deadline, "not a number of seconds",
                      "use a positive integer, or drop it for no deadline")
+    check_failure_rules(annotations, problems)
+
+
+def check_failure_rules(annotations: dict, problems: Problems) -> None:
+    """The rules must parse (the launcher reads them the same way), and they only act under restart-gang: rules
+    on a fail-gang gang would be silently ignored, so they are refused with the fix."""
+    rules = annotations.get(keys.FAILURE_RULES)
+    if rules is None:
+        return
+    try:
+        parse(rules)
+    except RulesError as e:
+        problems.add(keys.FAILURE_RULES, rules, f"not a list of failure rules ({e})",
+                     f"write ordered rules `ACTION: MATCHER, ...; ...` with ACTION {keys.RESTART_GANG} or "
+                     f"{keys.FAIL_GANG} and MATCHER an exit code, a range, a signal name, signals, lost-peer or "
+                     f"timeout, e.g. '{EXAMPLE}' (the default rules: '{DEFAULT_TEXT}')")
+        return
+    if annotations.get(keys.ON_FAILURE, keys.FAIL_GANG) != keys.RESTART_GANG:
+        problems.add(keys.FAILURE_RULES, rules, f"the rules choose what {keys.RESTART_GANG} retries, and this gang's "
+                     f"{keys.ON_FAILURE} is {annotations.get(keys.ON_FAILURE, keys.FAIL_GANG)!r} (it retries "
+                     f"nothing)", f"set {keys.ON_FAILURE}: {keys.RESTART_GANG}, or drop {keys.FAILURE_RULES}")
 
 
 def lifecycle_env(member: Member, workload: str, restart_policy: str) -> list[tuple[str, str]]:
     """The pod's controller and restart policy always; the user's lifecycle annotations when set (the
-    launcher's defaults are fail-gang, 3 restarts and no deadline)."""
+    launcher's defaults are fail-gang, 3 restarts, no deadline and the default failure rules)."""
     env = [(keys.TH_WORKLOAD, workload), (keys.TH_RESTART_POLICY, restart_policy)]
     for key, name in ((keys.ON_FAILURE, keys.TH_ON_FAILURE), (keys.MAX_RESTARTS, keys.TH_MAX_RESTARTS),
-                      (keys.ACTIVE_DEADLINE_SECONDS, keys.TH_ACTIVE_DEADLINE)):
+                      (keys.ACTIVE_DEADLINE_SECONDS, keys.TH_ACTIVE_DEADLINE),
+                      (keys.FAILURE_RULES, keys.TH_FAILURE_RULES)):
         if key in member.options:
             env.append((name, member.options[key]))
     return env
