@@ -270,8 +270,9 @@ def unknown_keys(labels: object, annotations: object, where: str = "metadata") -
             if not isinstance(key, str) or not key.startswith(PREFIX) or key in known:
                 continue
             if key in other:
-                found.append(f"{where}.{field}: {key} is a trainhook {other_field}, not a {field[:-1]}; trainhook "
-                             f"ignores it here: move it to {where}.{other_field}s")
+                found.append(f"{where}.{field}: {key} is a trainhook {other_field}, not "
+                             f"{'an annotation' if field == 'annotations' else 'a label'}; trainhook ignores it here: "
+                             f"move it to {where}.{other_field}s")
                 continue
             near = nearest_key(key)
             hint = f"did you mean {near}?" if near else "see the keys in docs/contract.md section 2"

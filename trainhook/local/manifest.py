@@ -107,16 +107,19 @@ def key_problems(obj: dict) -> list[str]:
         found += keys.unknown_keys(template.get("labels"), template.get("annotations"), "spec.template.metadata")
         places.append(template)
     gate = keys.JOB_NAME if type_of(obj) == SERVICE else keys.FRAMEWORK
-    carried = [key for place in places for field in ("labels", "annotations")
-               if isinstance(place.get(field), dict) for key in place[field]
-               if isinstance(key, str) and key.startswith(keys.PREFIX) and key != keys.JOB_NAME]
+    by_place = [sorted({key for field in ("labels", "annotations") if isinstance(place.get(field), dict)
+                        for key in place[field] if isinstance(key, str) and key.startswith(keys.PREFIX)
+                        and key != keys.JOB_NAME}) for place in places]
+    carried = [key for found_here in by_place for key in found_here]
     if carried and gate not in labels:
+        which = [f"{who} carries {', '.join(found_here)}" for who, found_here in zip(("it", "its pod template"),
+                                                                                      by_place) if found_here]
         framework = next((str(p["labels"][key]) for p in places if isinstance(p.get("labels"), dict)
                           for key in p["labels"] if key in carried and (key == keys.FRAMEWORK or
                                                                         keys.nearest_key(key) == keys.FRAMEWORK)),
                          "FRAMEWORK")
         value = framework if gate == keys.FRAMEWORK else str(meta.get("name", "NAME"))
-        found.append(f"metadata.labels: no {gate}, though it carries {', '.join(sorted(set(carried)))}: trainhook's "
+        found.append(f"metadata.labels: no {gate}, though {' and '.join(which)}: trainhook's "
                      f"webhook selects {obj.get('kind')}s by that label and never sees this one, so its pods would run "
                      f"unwired, each on its own; label its own metadata {gate}: {value}")
     return found
