@@ -138,9 +138,11 @@ def test_a_restarted_coordinator_learns_the_outcome_from_the_notary_and_does_not
 
 def test_a_launcher_whose_pod_is_not_a_member_gets_no_key_and_says_why(notary, control_plane, k8s_namespace,
                                                                        tmp_path):  # noqa: F811
+    """A bare pod copying the gang's labels in rank 1's place (at rank 0 it would be a bare-Pod gang of its own,
+    with another key: test_notary_cluster.py) runs the launcher: 403 until the deadline, then it gives up."""
     api = control_plane.api_client()
     create_gang(api, k8s_namespace, NAME, replicas=1)
-    client.CoreV1Api(api).create_namespaced_pod(k8s_namespace, imposter_pod(NAME, 0, "imposter"))
+    client.CoreV1Api(api).create_namespaced_pod(k8s_namespace, imposter_pod(NAME, 1, "imposter"))
     marker = tmp_path / "trained"
     launcher = Launcher(notary, api, k8s_namespace, "imposter", tmp_path,
                         [sys.executable, "-c", f"open({str(marker)!r}, 'w')"], TRAINHOOK_WAIT_TIMEOUT="5")
