@@ -51,13 +51,15 @@ def launcher_rbac(control_plane, k8s_namespace):
                         raise
 
 
-def webhook_keeper(control_plane, token, namespaces, manifests, said, shim=deliver.SHIM) -> lcm.Keeper:
+def webhook_keeper(control_plane, token, namespaces, manifests, said, shim=None) -> lcm.Keeper:
+    """`shim`: the entry point (default: the static program the webhook delivers, launcher/deliver.py)."""
     api = control_plane.token_client(token)
     owner = find(manifests, "ClusterRole", f"{find(manifests, 'Deployment')['metadata']['name']}-launcher")
     env = {e["name"]: e.get("value") for e in
            find(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["TRAINHOOK_WEBHOOK_LAUNCHER_OWNER"] == owner["metadata"]["name"]
-    return lcm.Keeper(client.CoreV1Api(api), namespaces, deliver.build_zip(), shim,
+    return lcm.Keeper(client.CoreV1Api(api), namespaces, deliver.build_zip(),
+                      deliver.entry_program() if shim is None else shim,
                       owner=owner["metadata"]["name"], rbac_api=client.RbacAuthorizationV1Api(api), say=said.append)
 
 
@@ -77,7 +79,8 @@ def test_the_webhook_keeps_an_immutable_owned_configmap_and_replaces_an_impostor
         stored = admin.read_namespaced_config_map(name, k8s_namespace)
         assert stored.immutable is True
         assert base64.b64decode(stored.binary_data["launcher.pyz"]) == deliver.build_zip()
-        assert stored.data == {"trainhook-launch": deliver.SHIM}
+        assert stored.data is None and base64.b64decode(stored.binary_data["trainhook-launch"]) == \
+            deliver.entry_program()
         assert stored.metadata.labels["app.kubernetes.io/managed-by"] == "trainhook-webhook"
         [ref] = stored.metadata.owner_references
         assert (ref.kind, ref.name, ref.uid) == ("ClusterRole", keeper.owner,
@@ -100,10 +103,11 @@ def test_the_webhook_keeps_an_immutable_owned_configmap_and_replaces_an_impostor
         assert keeper.round() == {k8s_namespace}
         assert any("content is not the launcher its name promises" in line for line in said)
         restored = admin.read_namespaced_config_map(name, k8s_namespace)
-        assert restored.data == {"trainhook-launch": deliver.SHIM} and restored.immutable is True
+        assert base64.b64decode(restored.binary_data["trainhook-launch"]) == deliver.entry_program()
+        assert restored.data is None and restored.immutable is True
         # A mutable one under our name (what the webhook wrote before it made them immutable) is replaced too.
         admin.delete_namespaced_config_map(name, k8s_namespace)
-        mutable = lcm.configmap(name, k8s_namespace, deliver.build_zip(), deliver.SHIM)
+        mutable = lcm.configmap(name, k8s_namespace, deliver.build_zip(), deliver.entry_program())
         del mutable["immutable"]
         admin.create_namespaced_config_map(k8s_namespace, mutable)
         assert keeper.round() == {k8s_namespace}
