@@ -19,50 +19,76 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import Deque, Dict, List, Optional
+from typing import Deque, Dict, List, Optional, Tuple
 
 LINES = 40  # lines kept per member
-LINE_BYTES = 4096  # a longer line keeps its first LINE_BYTES
+LINE_BYTES = 1024  # a longer line keeps its first LINE_BYTES (so one long line never takes the whole tail)
 TAIL_BYTES = 4096  # the text sent on: the last lines that fit in this many UTF-8 bytes
 CHUNK = 65536
 JOIN_TIMEOUT = 2.0  # how long the end of the output may take to arrive after the training exited
 
 
 class Tail:
-    """A ring of the last LINES complete lines, plus each stream's unfinished line, fed by any number of streams
-    (each keeps its own partial line, so stdout and stderr never splice into one line)."""
+    """The last LINES complete lines of each stream, plus each stream's unfinished line (so stdout and stderr never
+    splice into one line), numbered in the order they were read.
+
+    The two streams are read by two threads, so a stream's lines may be read a little after the other's later
+    ones (a traceback on stderr read before the last of stdout's flood): the text keeps each stream's own last
+    lines first (up to half the lines and bytes each), then fills the rest with the most recent of either, so
+    neither stream's end is ever pushed out by the other's."""
 
     def __init__(self, lines: int = LINES, line_bytes: int = LINE_BYTES, tail_bytes: int = TAIL_BYTES):
-        self.line_bytes, self.tail_bytes = line_bytes, tail_bytes
-        self.lines: Deque[bytes] = collections.deque(maxlen=lines)
-        self.partial: Dict[str, bytes] = {}
+        self.line_bytes, self.tail_bytes, self.max_lines = line_bytes, tail_bytes, lines
+        self.lines: Dict[str, Deque[Tuple[int, bytes]]] = {}
+        self.partial: Dict[str, Tuple[int, bytes]] = {}
+        self.count = 0
         self.lock = threading.Lock()
 
     def feed(self, stream: str, data: bytes) -> None:
         with self.lock:
-            pending = self.partial.get(stream, b"") + data
+            ring = self.lines.setdefault(stream, collections.deque(maxlen=self.max_lines))
+            pending = self.partial.get(stream, (0, b""))[1] + data
             *complete, rest = pending.split(b"\n")
-            for line in complete[-(self.lines.maxlen or LINES):]:
-                self.lines.append(line[:self.line_bytes])
-            self.partial[stream] = rest[:self.line_bytes]
+            for line in complete[-self.max_lines:]:
+                self.count += 1
+                ring.append((self.count, line[:self.line_bytes]))
+            self.count += 1
+            self.partial[stream] = (self.count, rest[:self.line_bytes])
 
     def text(self) -> str:
         """The kept lines as text (invalid UTF-8 replaced, control characters but tabs shown as '?', carriage
-        returns dropped), the unfinished lines last, cut from the front to TAIL_BYTES."""
+        returns dropped), in the order they were read, at most `lines` lines and TAIL_BYTES."""
         with self.lock:
-            raw: List[bytes] = list(self.lines) + [p for p in self.partial.values() if p]
-        lines = [printable(line) for line in raw]
-        kept: List[str] = []
-        size = 0
-        for line in reversed(lines):
+            streams = {name: list(ring) + ([self.partial[name]] if self.partial.get(name, (0, b""))[1] else [])
+                       for name, ring in self.lines.items()}
+        entries = {name: [(seq, printable(raw)) for seq, raw in kept] for name, kept in streams.items()}
+        chosen: Dict[int, str] = {}
+        budget = [self.max_lines, self.tail_bytes]
+
+        def take(seq: int, line: str, share: List[int]) -> bool:
             cost = len(line.encode("utf-8")) + 1
-            if size + cost > self.tail_bytes:
-                if not kept:  # one line longer than the budget: its end
-                    kept.append(line.encode("utf-8")[-(self.tail_bytes - 1):].decode("utf-8", "ignore"))
+            if seq in chosen:
+                return True
+            if share[0] < 1 or budget[0] < 1 or cost > share[1] or cost > budget[1]:
+                return False
+            chosen[seq] = line
+            for limits in (share, budget) if share is not budget else (budget,):
+                limits[0] -= 1
+                limits[1] -= cost
+            return True
+
+        for kept in entries.values():  # each stream's own end first
+            share = [max(1, self.max_lines // max(1, len(entries))), self.tail_bytes // max(1, len(entries))]
+            for seq, line in reversed(kept):
+                if not take(seq, line, share):
+                    break
+        for seq, line in sorted((e for kept in entries.values() for e in kept), reverse=True):
+            if not take(seq, line, budget):
                 break
-            kept.append(line)
-            size += cost
-        return "\n".join(reversed(kept))
+        if not chosen and any(entries.values()):  # one line longer than the whole budget: its end
+            line = max((e for kept in entries.values() for e in kept))[1]
+            return line.encode("utf-8")[-(self.tail_bytes - 1):].decode("utf-8", "ignore")
+        return "\n".join(line for _, line in sorted(chosen.items()))
 
 
 def printable(line: bytes) -> str:

@@ -72,11 +72,12 @@ def read_pod_log(cluster: Cluster, pod: dict, container: str, follow: bool, tail
 
 def kept_for(cluster: Cluster, name: str, wait: float = RECORD_WAIT) -> tuple[GangState, tuple[KeptLines, ...]]:
     """The kept last lines of a gang whose pods went, waiting up to `wait` seconds for the outcome to be recorded
-    (the scale to zero follows the record, but a reader may see the pods go before the record is read back)."""
+    (the scale to zero follows the record, but a reader may see the pods go before the record is read back); a
+    gang deleted whole has nothing kept."""
     deadline = time.monotonic() + wait
     while True:
         state, _ = state_of(cluster, name)
-        if state.recorded is not None or time.monotonic() >= deadline:
+        if state.recorded is not None or state.outcome == "NotFound" or time.monotonic() >= deadline:
             return state, state.recorded.kept if state.recorded else ()
         time.sleep(POLL)
 

@@ -21,7 +21,8 @@ PHASES = (SUCCEEDED, FAILED)
 MAX_REASON = 512  # the outcome's reason: one line, shown by kubectl
 MAX_MESSAGE = 1024  # an Event's message (the API server truncates longer ones anyway)
 # A finished gang's kept last lines (launcher/output_tail.py): at most two ranks (the deciding one and rank 0), each
-# at most MAX_LINES lines and MAX_LINES_BYTES of UTF-8, so the annotation stays under 9 KiB of Kubernetes' 256 KiB.
+# at most MAX_LINES lines and MAX_LINES_BYTES of UTF-8 (JSON escapes a tab or newline in two bytes), so the
+# annotation stays within about 17 KiB of the 256 KiB Kubernetes allows a workload's annotations.
 MAX_TAILS, MAX_LINES, MAX_LINES_BYTES = 2, 40, 4096
 EVENT_REASON = re.compile(r"^[A-Z][A-Za-z0-9]{0,63}$")
 EVENT_TYPES = ("Normal", "Warning")
@@ -162,7 +163,7 @@ def record_patch(outcome: dict, resource_version: str | None = None) -> dict:
     logs = [{"rank": rank, "pod": pods.get(rank, ""), "lines": text}
             for rank, text in sorted((outcome.get("logs") or {}).items())[:MAX_TAILS]]
     if logs:
-        annotations[keys.LAST_LINES] = json.dumps(logs, separators=(",", ":"))
+        annotations[keys.LAST_LINES] = json.dumps(logs, separators=(",", ":"), ensure_ascii=False)
     metadata: dict = {"annotations": annotations, "labels": {keys.PHASE: outcome["phase"]}}
     if resource_version:
         metadata["resourceVersion"] = resource_version
