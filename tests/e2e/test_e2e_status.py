@@ -1,7 +1,8 @@
 """The user's commands against a real gang on the node: a 2-pod StatefulSet of the user's torch image (nothing of
 trainhook in it) whose command prints `done` after 4 s (so `trainhook logs -f`, which polls a pod once a second
 until its container starts, sees the containers running before the scale to zero deletes them). Under the launcher the webhook delivers, the gang succeeds,
-records it and is scaled to zero; then `trainhook status` says Succeeded, `trainhook list` lists it,
+records it and is scaled to zero; then `trainhook status` says Succeeded with the record (rank, pod, attempt) and
+the gang's real shape (never `worker=0`), `trainhook list` lists it,
 `trainhook logs -f` (started while the pods exist: the scale to zero deletes them, and their logs) showed both
 pods' output, and the SDK's `TrainingClient.wait_for_job` returns the succeeded state."""
 
@@ -59,13 +60,18 @@ def test_status_list_logs_and_the_sdk_on_a_finished_gang(node, release):
         assert status.returncode == 0, (status.stdout, status.stderr)
         print(status.stdout)
         assert "Succeeded" in status.stdout, status.stdout
-        assert NAME in status.stdout, status.stdout
+        # the pods are gone: what the notary recorded with the outcome, and the shape the template keeps
+        lines = status.stdout.splitlines()
+        assert lines[0].startswith(f"gang {NAME} (pytorch, worker=2) in {NAMESPACE}: Succeeded"), status.stdout
+        assert f"outcome: Succeeded, exit code 0, decided by rank 0 (pod {NAME}-0), attempt 1" in lines, lines
+        assert "no pods yet" not in status.stdout and "worker=0" not in status.stdout, status.stdout
+        assert client.get_job(NAME).shape == "worker=2"
 
         listed = trainhook(node, "list")
         assert listed.returncode == 0, (listed.stdout, listed.stderr)
         print(listed.stdout)
         (row,) = [line for line in listed.stdout.splitlines() if line.split()[:1] == [NAME]]
-        assert "Succeeded" in row, listed.stdout
+        assert "Succeeded" in row and row.split()[2] == "worker=2", listed.stdout
         print(f"status test took {time.monotonic() - t0:.1f}s")
     except BaseException:
         print(node.describe(NAMESPACE))
