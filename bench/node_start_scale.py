@@ -124,6 +124,7 @@ def one_round(node: node_start.Node, variant: str, size: int, timeout: float = 3
             "to_last_rank_s": round(max(printed.values()) - start, 3),
             "to_first_rank_s": round(min(printed.values()) - start, 3),
             "dns_queries": queries["queries"], "dns_nxdomain": queries["nxdomain"],
+            "dns_top": dict(list(queries["top"].items())[:6]),  # which names were asked most: who asks
             "kubelet": kubelet_times(pods, start)}
 
 
