@@ -160,7 +160,8 @@ def test_restart_gang_restarts_everyone_once_after_a_sigkill_then_succeeds(tmp_p
     # The restart is a fresh rendezvous: attempt 2 meets on MASTER_PORT + 1.
     assert re.search(r"^\[gang-0\] RENDEZVOUS port=23457 heard=\['1@2', '2@2'\] rank=0 attempt=2 ", result.stdout,
                      re.M)
-    assert ("rank 1 (worker-1 at gang-1.gang) exited with 137: restarting the gang (restart 1 of 2)"
+    assert ("rank 1 (worker-1 at gang-1.gang) exited with 137 (SIGKILL); rule restart-gang: signals (default) retries "
+            "it: restarting the gang (restart 1 of 2)"
             in result.stdout)
     assert "gang default/gang succeeded (exit 0; attempt 2, 1 gang restart)" in result.stdout
 
@@ -171,7 +172,7 @@ def test_restart_gang_does_not_restart_on_exit_code_1(tmp_path):
     result = local(tmp_path, gang(kind="Job", env=env))
     assert result.returncode == 1, shown(result)
     assert runs(result.stdout) == {0: [1], 1: [1], 2: [1]}
-    assert "exited with 1; exit codes 1-127 are not retried" in result.stdout
+    assert "exited with 1; rule fail-gang: 1-127 (default) makes it fatal" in result.stdout
     rows = summary(result.stdout)
     assert all(row[3] == "Error" for row in rows.values())  # Job pods exit with the gang's code
 
@@ -315,7 +316,8 @@ def test_a_torch_ddp_gang_under_the_launcher_restarts_with_a_fresh_rendezvous_an
                                 {"name": "TRAINHOOK_MAX_RESTARTS", "value": "1"}]
     result = local(tmp_path, docs, timeout=300)
     assert result.returncode == 0, shown(result)
-    assert "rank 1 (worker-1 at ddp-1.ddp) exited with 137: restarting the gang (restart 1 of 1)" in result.stdout
+    assert ("rank 1 (worker-1 at ddp-1.ddp) exited with 137 (SIGKILL); rule restart-gang: signals (default) retries it: "
+            "restarting the gang (restart 1 of 1)") in result.stdout
     digests = set(re.findall(r"^\[ddp-[01]\] final parameters digest (\w+) identical-across-ranks=True$",
                              result.stdout, re.M))
     assert len(digests) == 1 and len(re.findall(r"final parameters digest", result.stdout)) == 2
