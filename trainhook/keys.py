@@ -84,10 +84,6 @@ PHASE = PREFIX + "phase"  # Succeeded | Failed
 PHASE_TIME = PREFIX + "phase-time"  # RFC 3339, UTC
 PHASE_REASON = PREFIX + "phase-reason"  # one line: who ended the gang, and how
 EXIT_CODE = PREFIX + "exit-code"  # the gang's exit code: 0, or the failing member's
-
-# --- What gang schedulers read on pods (set by the webhook; their objects come from `trainhook render`) --------
-# Kueue's plain-pod group integration (kueue.x-k8s.io, v0.6+).
-KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 # What a finished gang is inspected by once its pods are gone (written by the notary with the outcome, bounded):
 PHASE_RANK = PREFIX + "phase-rank"  # the rank that decided the outcome (the failing one; rank 0 on success)
 PHASE_POD = PREFIX + "phase-pod"  # that rank's pod
