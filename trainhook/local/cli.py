@@ -4,6 +4,10 @@ The real webhook admits the objects, the StatefulSet/Job controllers are emulate
 gets its own network namespace, address and hosts file, and the containers' commands run here (images are
 not pulled: commands run with the current Python environment). Exit status: 0 when every container
 succeeded, else the first failure's exit code (124 on --timeout, 130/143 when interrupted).
+
+The run directory (logs, outcome.json) is temporary and removed at exit unless --keep-dir or --workdir DIR, so
+what is printed never names a directory that will be gone: the first line says which case it is, and the closing
+lines say where the logs and the outcome are (the terminal alone, or the kept directory).
 """
 
 from __future__ import annotations
