@@ -50,7 +50,7 @@ from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
 from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, now_rfc3339,
                                           read_settings)
-from trainhook.launcher.reach import Backoff, PeerAddress, connect, search_domain
+from trainhook.launcher.reach import Backoff, PeerAddress, connect, retry_floor, search_domain
 from trainhook.launcher.run import EXIT_NOT_FOUND, FORWARDED, Training, reap_exited, run_command
 
 POLL = 0.2
@@ -129,7 +129,7 @@ class Link(threading.Thread):
                     say(f"cannot reach the gang's coordinator (rank 0 at {self.address}:{self.settings.port}) "
                         f"yet: {self.last_error}; retrying")
                     said, said_at = self.last_error, now
-                self.closing.wait(backoff.next())
+                self.closing.wait(backoff.next(retry_floor(e, LINK_FLOOR)))
                 continue
             backoff, said = Backoff(LINK_FLOOR), ""
             why = "the connection closed"

@@ -13,7 +13,10 @@ rose. Here:
   a connection that was up and was lost, or an address older than REUSE_FOR is resolved again;
 - `Backoff` spaces the retries: jittered, so a gang's pods, which start together, do not ask in step, with a cap
   that starts at a floor (the gang usually forms within seconds) and rises with the time already waited, so a
-  gang that waits minutes for a missing peer asks every few seconds, not every half second.
+  gang that waits minutes for a missing peer asks every few seconds, not every half second. A retry that costs
+  no query (the address is known, the peer refused: it is about to listen) starts from a lower floor
+  (`retry_floor`): rank 0's launcher is often the last to listen, and each member's next try after that is
+  on the gang's critical path.
 
 Standard library only: this runs in the user's container.
 """
@@ -28,6 +31,7 @@ from typing import Callable
 
 FIRST_DELAY, GROWTH, MAX_DELAY = 0.1, 1.5, 5.0
 CAP_SHARE = 0.05  # the cap rises to this share of the time waited: a late answer costs at most ~5% more waiting
+REFUSED_FLOOR = 0.1  # the cap's starting value while a known address refuses (see retry_floor)
 REUSE_FOR = 10.0  # seconds a resolved address is reused while connects to it are refused
 
 
@@ -43,12 +47,20 @@ class Backoff:
         self.floor, self.clock, self.draw = floor, clock, draw
         self.started, self.delay = clock(), FIRST_DELAY / GROWTH
 
-    def cap(self) -> float:
-        return min(MAX_DELAY, max(self.floor, (self.clock() - self.started) * CAP_SHARE))
+    def cap(self, floor: float | None = None) -> float:
+        return min(MAX_DELAY, max(self.floor if floor is None else floor, (self.clock() - self.started) * CAP_SHARE))
 
-    def next(self) -> float:
-        self.delay = min(self.cap(), self.delay * GROWTH)
+    def next(self, floor: float | None = None) -> float:
+        """The next delay; `floor` overrides the starting cap for this one (a cheaper retry may come sooner)."""
+        self.delay = min(self.cap(floor), self.delay * GROWTH)
         return self.delay * (0.5 + 0.5 * self.draw())
+
+
+def retry_floor(error: BaseException, floor: float) -> float:
+    """The cap's starting value after `error`: REFUSED_FLOOR when the peer's address is known and its host refused
+    (its process is about to listen: asking again costs a SYN and a RST, no DNS query, and every tenth of a second
+    a member waits past that is a tenth of a second of the gang's start), `floor` otherwise (a lookup, 2 queries)."""
+    return min(floor, REFUSED_FLOOR) if isinstance(error, ConnectionRefusedError) else floor
 
 
 def search_domain(namespace: str, resolv_conf: str = "/etc/resolv.conf") -> str | None:

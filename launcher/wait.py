@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from trainhook.launcher.gang import Gang, Peer
-from trainhook.launcher.reach import Backoff, PeerAddress, connect, qualified, search_domain
+from trainhook.launcher.reach import Backoff, PeerAddress, connect, qualified, retry_floor, search_domain
 
 __all__ = ["Backoff", "qualified", "search_domain", "wait"]  # Backoff and the names: launcher/reach.py
 
@@ -429,9 +429,10 @@ def join_gathering(gang: Gang, deadline: float) -> Result:
     """A member's side of the tcp barrier: connect to rank 0's wait and stay until it says `go`."""
     rank0 = gang.peers[0]
     target = PeerAddress(rank0.address, search_domain(gang.namespace))  # asked once, not before every connect
-    backoff, error, reported = Backoff(MEMBER_FLOOR), "no answer yet", None
+    backoff, error, reported, floor = Backoff(MEMBER_FLOOR), "no answer yet", None, MEMBER_FLOOR
     joined_once = False
     while time.monotonic() < deadline:
+        floor = MEMBER_FLOOR
         try:
             with connect(target, gang.gang_wait_port, CONNECT_TIMEOUT) as conn:
                 conn.sendall(hello(gang))
@@ -458,13 +459,13 @@ def join_gathering(gang: Gang, deadline: float) -> Result:
         except Deadline:
             break
         except ConnectionRefusedError as e:
-            error = why(e)
+            error, floor = why(e), retry_floor(e, MEMBER_FLOOR)
         except ConnectionError as e:  # ours (what rank 0 answered) or a reset
             error = str(e) or why(e)
             target.lost()  # rank 0's pod may have restarted, with another address: ask its name again
         except OSError as e:
             error = why(e)
-        time.sleep(max(0.0, min(backoff.next(), deadline - time.monotonic())))
+        time.sleep(max(0.0, min(backoff.next(floor), deadline - time.monotonic())))
     if reported is not None and reported[0]:
         peers = [gang.peers[r] for r in reported[1] if r < gang.size]
         return Result(peers, {p.rank: "it has not reached rank 0's gang wait" for p in peers}, reported[0],

@@ -134,3 +134,17 @@ def test_a_member_waiting_for_a_late_coordinator_asks_its_name_once():
         rank0.close()
         coordinator.close()
 
+
+
+def test_a_refusing_peer_is_retried_sooner_than_a_name_that_does_not_resolve():
+    """A refusal costs no query and rank 0's coordinator is about to listen: retries every 0.1 s at most, not
+    0.5 s; still jittered, and still slowing down with the time waited."""
+    now = [0.0]
+    backoff = reach.Backoff(0.5, clock=lambda: now[0], draw=lambda: 1.0)
+    refused = reach.retry_floor(ConnectionRefusedError(), 0.5)
+    unresolved = reach.retry_floor(socket.gaierror(socket.EAI_NONAME, "unknown"), 0.5)
+    assert (refused, unresolved) == (reach.REFUSED_FLOOR, 0.5)
+    assert max(backoff.next(unresolved) for _ in range(10)) == pytest.approx(0.5)
+    assert backoff.next(refused) == pytest.approx(0.1)  # from 0.5 straight down to the lower cap
+    now[0] = 60.0
+    assert max(backoff.next(refused) for _ in range(10)) == pytest.approx(3.0)  # 5% of a minute
