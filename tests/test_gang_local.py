@@ -240,7 +240,8 @@ def test_when_rank_0s_launcher_dies_the_members_stop_and_the_restarted_coordinat
     assert sorted(rank for _, rank, _, _ in events(result.stdout, "STOPPED by SIGTERM")) == [1, 2]
     assert "stopping the training: the gang cannot go on without rank 0's launcher" in result.stdout
     assert ("rank 0 (worker-0 at gang-0.gang): its launcher restarted during attempt 1 (its container was restarted "
-            "or its pod replaced): restarting the gang (restart 1 of 3)") in result.stdout
+            "or its pod replaced); rule restart-gang: signals (default) retries it: restarting the gang (restart 1 "
+            "of 3)") in result.stdout
     assert "gang default/gang succeeded (exit 0; attempt 2, 1 gang restart)" in result.stdout
 
 
