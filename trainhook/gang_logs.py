@@ -19,6 +19,10 @@ from collections.abc import Callable
 from trainhook.cluster_client import Cluster, ClusterError
 from trainhook.gang_status import GangState, KeptLines, container_started, gang_state, pod_rank
 
+# What a kubelet answers in place of a log when the container is being removed: a 200 whose body is this line, or
+# this line at the end of a followed stream (v1.20 with containerd, seen on the node).
+KUBELET_NO_LOG = "unable to retrieve container logs for "
+KUBELET_LOST = "rpc error: code = NotFound desc = an error occurred when try to find container"
 POLL = 1.0  # seconds between two looks at a pod that has not started, or a gang without pods
 RECORD_WAIT = 15.0  # how long a reader whose pods went waits for the outcome (and its kept lines) to be recorded
 
@@ -59,15 +63,31 @@ def read_pod_log(cluster: Cluster, pod: dict, container: str, follow: bool, tail
         pod = current
         if current["metadata"].get("deletionTimestamp") and not container_started(current, container):
             return False  # deleted before it ever ran
+    held = None  # a kubelet line saying the container went, shown only when more of the log follows it
     try:
-        for line in cluster.log_lines(name, container, follow, tail):
+        for number, line in enumerate(cluster.log_lines(name, container, follow, tail)):
+            if number == 0 and line.startswith(KUBELET_NO_LOG) and going(cluster, name):
+                return False  # answered with 200 and this line instead of the log: the container was removed
+            if held is not None:
+                emit(held)
+                held = None
+            if line.startswith(KUBELET_LOST):
+                held = line
+                continue
             emit(line)
     except ClusterError:
-        current = cluster.read_pod(name)
-        if current is None or current["metadata"].get("deletionTimestamp"):
-            return False  # `unable to retrieve container logs`, pod not found: it went while we read
+        if going(cluster, name):
+            return False  # pod not found, or an error reading a container being removed: it went while we read
         raise
+    if held is not None and not going(cluster, name):
+        emit(held)
     return True
+
+
+def going(cluster: Cluster, name: str) -> bool:
+    """Whether the pod is gone or being deleted (a finished StatefulSet gang's scale to zero)."""
+    current = cluster.read_pod(name)
+    return current is None or bool(current["metadata"].get("deletionTimestamp"))
 
 
 def kept_for(cluster: Cluster, name: str, wait: float = RECORD_WAIT) -> tuple[GangState, tuple[KeptLines, ...]]:
