@@ -4,6 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The demo needs trainhook and torch, nothing else; the tests add every framework (requirements-test.txt).
 TORCH := torch==2.13.0
+# pip's default index gives Linux torch's CUDA build (several GB); the CPU build alone, as the demo needs:
+#   make demo TORCH_PIP="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_PIP ?=
 DEMO_STAMP := $(VENV)/.demo-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TEST_STAMP := $(VENV)/.test-$(shell cat pyproject.toml requirements-test.txt | sha1sum | cut -c1-12)
 
@@ -28,7 +31,7 @@ $(DEMO_STAMP):
 	@echo "==> 1/3 creating the virtualenv $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> 2/3 installing $(TORCH), the longest step (pip prints each package as it goes)"
-	$(BIN)/pip install $(TORCH)
+	$(BIN)/pip install $(TORCH_PIP) $(TORCH)
 	@echo "==> 3/3 installing trainhook and its dependencies"
 	$(BIN)/pip install -e .
 	rm -f $(VENV)/.demo-* && touch $@
