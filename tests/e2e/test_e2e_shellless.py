@@ -107,8 +107,8 @@ def test_an_image_with_neither_shell_nor_python_fails_at_start_naming_the_fix(no
             assert terminated["exitCode"] == 127 and terminated.get("reason") == "Error", terminated
             log = node.logs(namespace, pod, "trainer") or node.logs(namespace, pod, "trainer", previous=True)
             assert log == NO_PYTHON + "\n", (pod, log)
-        workload = statefulset(node, name, namespace)
-        print(f"{delivery}: {name} says: {log.strip()}")
-        print("its StatefulSet's annotations:", json.dumps(workload["metadata"].get("annotations") or {}))
+        ours = {k: v for k, v in (statefulset(node, name, namespace)["metadata"].get("annotations") or {}).items()
+                if k.startswith("trainhook.dev/")}
+        print(f"{delivery}: {name} says: {log.strip()} (its StatefulSet's trainhook annotations: {json.dumps(ours)})")
     finally:
         delete_gang(node, name, namespace, wait=False)
