@@ -177,6 +177,10 @@ def summary(rounds: list[dict]) -> dict:
             if mine and hand:
                 entry[variant]["overhead_median_s"] = round(statistics.median(r["to_last_rank_s"] for r in mine)
                                                             - statistics.median(r["to_last_rank_s"] for r in hand), 2)
+                by_round = {r["round"]: r["to_last_rank_s"] for r in hand if "round" in r}
+                pairs = [r["to_last_rank_s"] - by_round[r["round"]] for r in mine if r.get("round") in by_round]
+                if pairs:  # each round's trainhook gang against the same round's hand-wired one
+                    entry[variant]["pair_overhead_s"] = summarize(pairs)
         entry["failed"] = sum(1 for r in rounds if r["size"] == size and "failed" in r)
         out[str(size)] = entry
     return out
@@ -216,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                         figures = one_round(node, variant, size)
                     except RuntimeError as e:  # kept, said, not timed
                         figures = {"variant": variant, "size": size, "failed": str(e)[:2000]}
+                    figures["round"] = r
                     results["rounds"].append(figures)
                     print(json.dumps(figures), flush=True)
             results["summary"] = summary(results["rounds"])

@@ -30,6 +30,10 @@ node_config = node_mod.cfg  # hack/node_config.py, as hack/node.py imports it
 BARE = ("import os, time; print(f'GANGSTART rank={os.environ[\"HOSTNAME\"].rsplit(\"-\", 1)[1]} "
         "at={time.time():.6f}', flush=True); time.sleep(600)")
 PER_POD_QUERIES = 60  # a member: its own name and rank 0's a few times, its launcher's connects to rank 0
+# Rank 0's name, the one every member dials: a member's wait resolves it until it is published, its launcher once
+# more (launcher/reach.py keeps the address while the coordinator refuses). Measured: about 4 a pod with the init
+# container, 2 without; before reach.py, 104 a pod (3,342 for 32 pods: one lookup before every connect attempt).
+RANK0_PER_POD = 8
 GROWTH_BOUND = 8.0  # queries(32) / queries(8): linear is 4, all-to-all was 16
 
 
@@ -91,13 +95,18 @@ def run_gang(node: Cluster, namespace: str, size: int) -> dict:
         delete_gang(node, namespace, name)
     print(f"\n{namespace}: {size} pods formed in {took:.1f}s; {stats['queries']} DNS queries "
           f"({stats['queries'] / size:.1f} a pod, {stats['nxdomain']} NXDOMAIN); most asked: {stats['top']}")
-    return {"queries": stats["queries"], "init_container": bool(spec.get("initContainers")), "took": took}
+    rank0 = sum(count for asked, count in stats["top"].items() if asked.startswith(f"{name}-0.{name}."))
+    return {"queries": stats["queries"], "rank0": rank0, "size": size,
+            "init_container": bool(spec.get("initContainers")), "took": took}
 
 
 def assert_linear(small: dict, large: dict, path: str) -> None:
     ratio = large["queries"] / max(1, small["queries"])
     assert ratio < GROWTH_BOUND, f"{path}: {small['queries']} queries at 8 pods, {large['queries']} at 32: x{ratio:.1f}"
     assert large["queries"] <= 32 * PER_POD_QUERIES, f"{path}: {large['queries']} queries for 32 pods"
+    for gang in (small, large):
+        assert 0 < gang["rank0"] <= gang["size"] * RANK0_PER_POD, f"{path}: rank 0's name asked {gang['rank0']} " \
+            f"times by {gang['size']} pods"
 
 
 def test_a_gang_with_the_init_container_costs_the_dns_linearly(node, release, namespace):
