@@ -107,8 +107,15 @@ def wait_for_service_account_token(api_client, namespace: str, name: str, timeou
 
 def webhook_configuration(ca_pem: bytes, url: str, timeout_seconds: int = 10) -> dict:
     """The trainhook MutatingWebhookConfiguration (admissionregistration.k8s.io/v1) for a webhook at `url`
-    (`https://HOST:PORT/mutate`), trusting `ca_pem`."""
-    ops = ["CREATE", "UPDATE"]
+    (`https://HOST:PORT/mutate`), trusting `ca_pem`: the chart's two fail-closed webhooks (without its scale
+    check), registered for exactly the operations the webhook mutates (mutate.MUTATED_OPERATIONS: pods at
+    CREATE only, as the chart does, so a pod's updates never depend on the webhook being up)."""
+    from trainhook.webhook.mutate import MUTATED_OPERATIONS
+
+    def rule(group: str, resource: str, kind: str) -> dict:
+        return {"apiGroups": [group], "apiVersions": ["v1"], "resources": [resource],
+                "operations": list(MUTATED_OPERATIONS[kind])}
+
     common = {
         "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()},
         "failurePolicy": "Fail",
@@ -122,19 +129,16 @@ def webhook_configuration(ca_pem: bytes, url: str, timeout_seconds: int = 10) ->
         "metadata": {"name": WEBHOOK_CONFIGURATION_NAME},
         "webhooks": [
             {
-                "name": "pods.trainhook.dev",
+                "name": "workloads.trainhook.dev",
                 "objectSelector": {"matchExpressions": [{"key": "trainhook.dev/framework", "operator": "Exists"}]},
-                "rules": [
-                    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ops},
-                    {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["statefulsets"], "operations": ops},
-                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"], "operations": ops},
-                ],
+                "rules": [rule("", "pods", "Pod"), rule("apps", "statefulsets", "StatefulSet"),
+                          rule("batch", "jobs", "Job")],
                 **common,
             },
             {
                 "name": "services.trainhook.dev",
                 "objectSelector": {"matchExpressions": [{"key": "trainhook.dev/job-name", "operator": "Exists"}]},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["services"], "operations": ops}],
+                "rules": [rule("", "services", "Service")],
                 **common,
             },
         ],

@@ -160,7 +160,8 @@ def test_every_rendered_manifest_is_valid_under_strict_schemas(rendered, version
             assert used == version, f"{where}: validated against {used}, not {version}"
     kinds = {json.loads(key)["kind"] for key in checked}
     assert kinds == {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "MutatingWebhookConfiguration",
-                     "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}  # no Secret: no key rendered
+                     "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+                     "NetworkPolicy"}  # no Secret: no key rendered
 
 
 @pytest.mark.parametrize("name", value_sets("cert-manager"))
@@ -236,7 +237,11 @@ def test_both_webhooks_fail_closed_without_side_effects_and_only_for_opted_in_ob
         assert hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["reinvocationPolicy"] == "IfNeeded"
-        assert hook["timeoutSeconds"] == values["timeoutSeconds"]
+        # The scale check waits at most 3 s: it fails open, and every `kubectl scale` of any StatefulSet would
+        # otherwise wait the whole timeout for a webhook that is down (docs/helm.md).
+        expected_timeout = (min(3, values["timeoutSeconds"]) if hook["name"] == "scale.trainhook.dev"
+                            else values["timeoutSeconds"])
+        assert hook["timeoutSeconds"] == expected_timeout
         (expression,) = hook["namespaceSelector"]["matchExpressions"]
         assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
         assert set(expression["values"]) == {"kube-system", NAMESPACE, *values["excludeNamespaces"]}
@@ -418,6 +423,16 @@ def test_non_default_values_reach_the_deployment(rendered):
     assert pod["spec"]["securityContext"]["runAsUser"] == 10001
     assert find(manifests, "ServiceAccount", "trainhook-webhook")["metadata"]["annotations"] == {
         "example.com/purpose": "admission"}
+    # The notary's port, the gang key's Secret of the user's and the NetworkPolicy (details: test_chart_notary.py,
+    # test_chart_lifecycle.py, test_chart_hardening.py).
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert {p["containerPort"] for p in container["ports"]} == {9443, 9444}
+    assert env["TRAINHOOK_WEBHOOK_GANG_KEY_SECRET"] == "ml-platform-gang-key"
+    assert env["TRAINHOOK_WEBHOOK_GANG_KEY_CREATE"] == "false"
+    admission, notary = find(manifests, "NetworkPolicy")["spec"]["ingress"]
+    assert admission["from"] == [{"ipBlock": {"cidr": cidr}} for cidr in FULL["networkPolicy"]["apiServerCIDRs"]] + \
+        FULL["networkPolicy"]["apiServerPeers"]
+    assert notary == {"ports": [{"port": 9444, "protocol": "TCP"}]}
 
 
 @pytest.mark.parametrize("name", ["self-managed", "self-managed-full"])
@@ -434,7 +449,9 @@ def test_the_servers_own_argument_parser_reads_what_the_chart_sets(rendered, nam
     # self-managed serves what it keeps in its Secret from --cert-dir: no mounted files
     assert (args.tls_cert, args.tls_key, args.port) == (None, None, 9443)
     assert args.certs.cert_dir == "/tmp/trainhook-certs"
-    assert args.gang_key_secret == f"{find(rendered[name], 'Deployment')['metadata']['name']}-gang-key"
+    assert args.gang_key_secret == (values["gangKey"]["existingSecret"]
+                                    or f"{find(rendered[name], 'Deployment')['metadata']['name']}-gang-key")
+    assert args.gang_key_create == (not values["gangKey"]["existingSecret"])  # a Secret of the user's: only read
     launcher = values["launcherImage"]
     expected_launcher = f"{launcher['repository']}:{launcher['tag'] or '0.1.0'}"
     assert args.settings.launcher_image == expected_launcher
