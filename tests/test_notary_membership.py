@@ -7,6 +7,7 @@ the cluster half (real tokens, a real API server) is test_notary_cluster.py.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -167,13 +168,24 @@ def test_the_gangs_workloads_are_the_anchors_then_the_other_controllers():
 
 def test_an_outcome_body_is_checked_and_recorded_as_annotations_and_a_label():
     body = {"outcome": {"phase": "Failed", "code": 3, "reason": "rank 1\nexited 3", "rank": 1,
-                        "time": "2024-05-06T07:08:09Z", "attempt": 1, "restarts": 0, "pod": "ddp-1"}}
+                        "time": "2024-05-06T07:08:09Z", "attempt": 2, "restarts": 1, "pod": "ddp-1",
+                        "started": "2024-05-06T07:00:00Z",
+                        # The deciding rank's and rank 0's lines are kept; rank 2's are not the record's to keep.
+                        "logs": {"1": "step 9\nValueError: bad batch\n", "0": "rank 0 waiting", "2": "not kept"}}}
     outcome = parse_outcome(body)
     assert outcome["reason"] == "rank 1 exited 3"  # one line
-    patch = record_patch(outcome, "42")
+    assert set(outcome["logs"]) == {0, 1}
+    # The notary adds the gang's pods by rank (webhook/notary.py) before it records: the last lines name their pod.
+    patch = record_patch({**outcome, "pods": {0: "ddp-0", 1: "ddp-1", 2: "ddp-2"}}, "42")
+    last_lines = json.loads(patch["metadata"]["annotations"].pop("trainhook.dev/last-lines"))
     assert patch == {"metadata": {"resourceVersion": "42", "labels": {"trainhook.dev/phase": "Failed"}, "annotations": {
         "trainhook.dev/phase": "Failed", "trainhook.dev/phase-time": "2024-05-06T07:08:09Z",
-        "trainhook.dev/phase-reason": "rank 1 exited 3", "trainhook.dev/exit-code": "3"}}}
+        "trainhook.dev/phase-reason": "rank 1 exited 3", "trainhook.dev/exit-code": "3",
+        "trainhook.dev/phase-rank": "1", "trainhook.dev/phase-pod": "ddp-1", "trainhook.dev/attempts": "2",
+        "trainhook.dev/start-time": "2024-05-06T07:00:00Z"}}}
+    assert last_lines == [{"rank": 0, "pod": "ddp-0", "lines": "rank 0 waiting"},
+                          {"rank": 1, "pod": "ddp-1", "lines": outcome["logs"][1]}]
+    assert "ValueError: bad batch" in last_lines[1]["lines"]
     recorded = recorded_outcome({"metadata": patch["metadata"]})
     assert same_record(recorded, outcome) and not same_record(recorded, {**outcome, "code": 4})
     assert outcome_message(outcome) == ("Warning", "GangFailed", "gang failed: rank 1 (pod ddp-1) exited 3: "
