@@ -144,7 +144,8 @@ def submit_main(args: argparse.Namespace) -> int:
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("A gang's pods in rank order (rank from the injected TRAINHOOK_RANK), their phases and "
-                          "restarts, and the gang's outcome.")
+                          "restarts, and the gang's outcome; for a finished gang, what was recorded with it (the "
+                          "deciding rank and pod, exit code, attempts, start and end), even once its pods are gone.")
     parser.add_argument("name", help="the gang's name (its trainhook.dev/job-name)")
     add_connection_arguments(parser)
 
