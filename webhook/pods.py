@@ -19,6 +19,7 @@ from trainhook.webhook.jsondiff import json_copy
 from trainhook.webhook.lifecycle import check_lifecycle_options, lifecycle_env
 from trainhook.webhook.scheduling import set_gang_scheduling
 from trainhook.webhook.settings import Settings, notary_ca_pem
+from trainhook.webhook.tolerations import chart_tolerations
 
 ORDINAL = re.compile(r"^(.+)-(\d+)$")
 GPU_TOLERATION = {"key": keys.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
@@ -203,9 +204,13 @@ def set_env(container: dict, injected: list[tuple[str, str]], warnings: list[str
         container["env"] = added + own
 
 
-def set_tolerations(spec: dict, gpus: int, settings: Settings) -> None:
+def set_tolerations(spec: dict, gpus: int, namespace: str, settings: Settings) -> None:
+    """The GPU toleration for a pod that requests GPUs (what Kubernetes' ExtendedResourceToleration gives it, in every
+    namespace), and the chart's tolerations only where they apply (webhook/tolerations.py: the namespaces named for
+    them, the resource an entry requires): a label anyone can write must not open a tainted pool to everyone."""
     tolerations = spec.get("tolerations") or []
-    for toleration in ([GPU_TOLERATION] if gpus else []) + list(settings.extra_tolerations):
+    chart = chart_tolerations(spec, namespace, settings.extra_tolerations, settings.toleration_namespaces)
+    for toleration in ([GPU_TOLERATION] if gpus else []) + chart:
         if toleration not in tolerations:
             tolerations = tolerations + [json_copy(toleration)]  # a new list: the review's stays as it was
     if tolerations:
@@ -311,7 +316,7 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
         # Only a delivered launcher talks to the notary (docs/security.md); no key is ever in the spec.
         injected += identity_env(settings.notary_url, notary_ca_pem(settings))
     set_env(container, injected, warnings)
-    set_tolerations(spec, gpus, settings)
+    set_tolerations(spec, gpus, namespace, settings)
     if not (delivered and delivered_by_configmap(spec)):  # else the launcher's own barrier is the gang wait
         set_gang_wait(spec, member, gang, settings, delivered)
     set_gang_scheduling(pod, member, problems, warnings)

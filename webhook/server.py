@@ -36,6 +36,7 @@ from trainhook.webhook.statefulset_cache import StatefulSetCache, start_backgrou
 from trainhook.webhook.settings import (CERT_ENV, CERT_MODES, CertSettings, Settings, cert_settings_from_env,
                                         parse_namespaces, parse_sans, parse_tolerations, settings_from_env)
 from trainhook.webhook.tlsreload import BadPair, CertReloader, server_context
+from trainhook.webhook.tolerations import parse_namespaces as parse_toleration_namespaces
 
 
 @dataclass
@@ -292,7 +293,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--launcher-image", default=defaults.launcher_image,
                         help="image of the gang-wait init container (env TRAINHOOK_WEBHOOK_LAUNCHER_IMAGE)")
     parser.add_argument("--tolerations", default=None,
-                        help="JSON list of tolerations added to every training pod (env TRAINHOOK_WEBHOOK_TOLERATIONS)")
+                        help="JSON list of tolerations for training pods, an entry may say requiresResource "
+                             "(env TRAINHOOK_WEBHOOK_TOLERATIONS; webhook/tolerations.py)")
+    parser.add_argument("--toleration-namespaces", default=None,
+                        help="comma-separated namespaces whose training pods get --tolerations, '*' for every one; "
+                             "none: no pod gets them (env TRAINHOOK_WEBHOOK_TOLERATION_NAMESPACES)")
     parser.add_argument("--cluster-domain", default=defaults.cluster_domain,
                         help="the cluster's DNS domain (env TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN)")
     parser.add_argument("--wait-timeout", type=int, default=defaults.wait_timeout,
@@ -356,7 +361,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         # One process alone (a local run, a test) is consistent with itself; replicas are not: say so.
         gang_key = secrets.token_bytes(32)
         args.gang_key_generated = True
+    toleration_namespaces = (parse_toleration_namespaces(args.toleration_namespaces)
+                             if args.toleration_namespaces is not None else defaults.toleration_namespaces)
     args.settings = Settings(launcher_image=args.launcher_image, extra_tolerations=tolerations,
+                             toleration_namespaces=toleration_namespaces,
                              cluster_domain=args.cluster_domain, wait_timeout=args.wait_timeout,
                              gang_key=gang_key)
     args.launcher_namespaces = parse_namespaces(args.launcher_namespaces)

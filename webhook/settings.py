@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainhook.webhook.tolerations import check_entries, parse_namespaces as parse_toleration_namespaces
+
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/trainhook/launcher:0.1.0"
 
 
@@ -15,8 +17,11 @@ class Settings:
     """What a mutation depends on besides the object itself; immutable, so concurrent reviews share it safely."""
 
     launcher_image: str = DEFAULT_LAUNCHER_IMAGE
-    # Tolerations added to every training pod (the chart's `tolerations` value), as Kubernetes dicts.
+    # The chart's `tolerations` value, as Kubernetes dicts (an entry may carry trainhook's `requiresResource`), and
+    # the namespaces whose training pods get them (`tolerationNamespaces`; `*`: every one; empty: none):
+    # webhook/tolerations.py decides which a pod gets.
     extra_tolerations: tuple[dict, ...] = ()
+    toleration_namespaces: frozenset = frozenset()
     cluster_domain: str = "cluster.local"
     # Seconds the gang-wait init container waits for peers before failing with the names still missing.
     wait_timeout: int = 600
@@ -56,6 +61,7 @@ def parse_tolerations(text: str) -> tuple[dict, ...]:
         raise ValueError(f"extra tolerations are not JSON: {e}") from e
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise ValueError("extra tolerations must be a JSON list of toleration objects")
+    check_entries(value)
     return tuple(value)
 
 
@@ -72,6 +78,8 @@ def settings_from_env(environ: dict[str, str] | None = None) -> dict:
         found["launcher_image"] = env["TRAINHOOK_WEBHOOK_LAUNCHER_IMAGE"]
     if "TRAINHOOK_WEBHOOK_TOLERATIONS" in env:
         found["extra_tolerations"] = parse_tolerations(env["TRAINHOOK_WEBHOOK_TOLERATIONS"])
+    if "TRAINHOOK_WEBHOOK_TOLERATION_NAMESPACES" in env:
+        found["toleration_namespaces"] = parse_toleration_namespaces(env["TRAINHOOK_WEBHOOK_TOLERATION_NAMESPACES"])
     if "TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN" in env:
         found["cluster_domain"] = env["TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN"]
     if "TRAINHOOK_WEBHOOK_WAIT_TIMEOUT" in env:
