@@ -21,7 +21,7 @@ from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, RESTART_GANG, TORC
                                           attempt_env, read_settings)
 from trainhook.launcher.wait import elastic_wait_view
 
-TOKEN = b"e" * 64
+GANG_KEY = b"e" * 64
 
 
 def env(index: int = 1, **overrides: str | None) -> dict[str, str]:
@@ -225,12 +225,12 @@ def next_directive(events: queue.SimpleQueue, kind: str, timeout: float = 10.0) 
 def test_over_tcp_a_member_leaves_and_another_joins_the_running_attempt():
     port = free_port()
     lines: list[str] = []
-    coordinator = Coordinator(gang(), Policy(), TOKEN, port, log=lines.append)
+    coordinator = Coordinator(gang(), Policy(), GANG_KEY, port, log=lines.append)
     coordinator.start()
     links = {}
     try:
         settings = read_settings({keys.TH_COORDINATOR_PORT: str(port)}, parse_gang(env()))
-        settings = type(settings)(**{**settings.__dict__, "token": TOKEN})
+        settings = type(settings)(**{**settings.__dict__, "key": GANG_KEY})
         local = [Peer("worker", i, i, "127.0.0.1") for i in range(4)]  # every member dials loopback here
 
         def link(rank: int) -> queue.SimpleQueue:
