@@ -240,7 +240,9 @@ class Builder:
     def save(self, image: Image, log_file: Path) -> Path:
         """docker-archive of `image` (what `ctr images import` reads), written atomically into the cache."""
         target = image.archive(self.cache)
-        part = target.with_suffix(".tar.part")
+        # A name of this process's own: two builds of the same image at once (two test sessions) must not
+        # remove or rename each other's half-written archive; the last rename wins with identical content.
+        part = target.with_suffix(f".tar.{os.getpid()}.part")
         part.unlink(missing_ok=True)
         self._tool("podman", "save", "--format", "docker-archive", "-o", str(part), image.ref, log_file=log_file)
         part.rename(target)
