@@ -105,6 +105,18 @@ class GangNotary:
         except urllib.error.HTTPError as e:
             return {"status": e.code, **json.loads(e.read() or b"{}")}
 
+    def key(self, name: str) -> bytes:
+        """The gang's signing key as pod `name`'s launcher gets it from the notary (its own token)."""
+        answer = self.credential(name)
+        assert "key" in answer, f"the notary gave {name} no key: {answer}"
+        return bytes.fromhex(answer["key"])
+
+    def notary_env(self, pod: dict | str) -> dict[str, str]:
+        """Only what the webhook injected for the notary into `pod` (URL, CA) and this pod's token on this host:
+        for a test that writes the rest of a member's environment itself (its own ports, timeouts)."""
+        env = self.env(pod)
+        return {name: env[name] for name in (keys.TH_NOTARY, keys.TH_NOTARY_CA, "TRAINHOOK_IDENTITY_TOKEN")}
+
     def workload(self, namespace: str, kind: str, name: str) -> dict:
         """The workload as stored now, with what the notary recorded on it."""
         return json.loads(workload_path(self.run_dir, namespace, kind, name).read_text())
@@ -124,3 +136,21 @@ def indexed_job(name: str, namespace: str, completions: int = 1, restart_policy:
                          "restartPolicy": restart_policy, "subdomain": name,
                          "containers": [{"name": "trainer", "image": "ignored",
                                          "command": command or ["python", "train.py"]}]}}}}
+
+
+def mpi_gang(notary: GangNotary, job: str = "pi", namespace: str = "team-a", workers: int = 1) -> tuple[dict, list[dict]]:
+    """An MPI gang as a Kubeflow MPIJob is written for trainhook: Indexed Jobs `<job>-launcher` (1 pod, rank 0, the
+    gang's anchor) and `<job>-worker` (`workers` pods), admitted and stored; returns (the launcher's pod, the
+    workers' pods). Each worker is a member through its own Job, which carries the gang's job name."""
+    shape = f"launcher=1,worker={workers}"
+
+    def role_job(role: str, completions: int) -> dict:
+        labels = {keys.FRAMEWORK: "mpi", keys.JOB_NAME: job, keys.ROLE: role}
+        made = indexed_job(f"{job}-{role}", namespace, completions, restart_policy="Never", framework="mpi")
+        made["metadata"].update(labels=labels, annotations={keys.REPLICAS: shape})
+        made["spec"]["template"]["metadata"]["labels"] = dict(labels)
+        made["spec"]["template"]["spec"]["subdomain"] = job
+        return made
+
+    [launcher] = notary.admit(role_job("launcher", 1))
+    return launcher, notary.admit(role_job("worker", workers))

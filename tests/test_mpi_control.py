@@ -4,7 +4,8 @@ own client code (mpi_control.connect, mpi_launch.run_mpi) on the other end, over
 What it guarantees: a worker exits with the launcher's outcome, or 129 when its launcher hangs up or never comes
 (no worker outlives its launcher); only a holder of the gang's key can attach or end it; a launcher stops
 mpirun at once when a worker goes away. The worker gets the key as a pod does, from a notary over HTTPS with its
-identity token (tests/mpi_notary.py); nothing in its environment is the key."""
+identity token (the real webhook's notary over a real MPI gang: tests/gang_notary.py); nothing in its
+environment is the key."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ import time
 
 import pytest
 
-from mpi_notary import MemberNotary
+from gang_notary import GangNotary, mpi_gang
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_launch
 from trainhook.launcher.gang import Peer, parse_gang
 
-TOKEN = "a" * 64
+KEY = b""  # the gang's key as the launcher's pod gets it from the real notary (fixture `notary`)
 SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
          "TRAINHOOK_SUBDOMAIN": "pi"}
@@ -33,11 +34,15 @@ NOTARY: dict[str, str] = {}
 
 @pytest.fixture(autouse=True, scope="module")
 def notary(tmp_path_factory):
-    """The gang's notary, answering every worker of these tests with TOKEN as the key."""
-    served = MemberNotary(tmp_path_factory.mktemp("notary"), "team-a", "pi", TOKEN.encode())
-    NOTARY.update(served.env())
-    yield served
-    served.close()
+    """The real webhook's notary over a real MPI gang (Jobs pi-launcher and pi-worker, admitted by the webhook):
+    every worker of these tests presents the worker pod's token; the launcher side holds what the launcher pod
+    gets."""
+    global KEY
+    with GangNotary(tmp_path_factory.mktemp("notary") / "run") as served:
+        launcher, [worker] = mpi_gang(served)
+        NOTARY.update(served.notary_env(worker))
+        KEY = served.key(launcher["metadata"]["name"])
+        yield served
 
 
 def free_port() -> int:
@@ -65,11 +70,13 @@ class Worker:
         self.launcher = parse_gang(gang_env("launcher", self.port))
         self.peer = Peer("worker", 0, 1, "127.0.0.1")
 
-    def connect(self, token: str = TOKEN, setup: control.Setup = NO_AGENT, timeout: float = 30) -> control.WorkerLink:
+    def connect(self, key: bytes | None = None, setup: control.Setup = NO_AGENT,
+                timeout: float = 30) -> control.WorkerLink:
+        """The launcher's handshake, with the gang's key unless `key` says otherwise."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return control.connect(self.launcher, self.peer, self.port, token.encode(), setup)
+                return control.connect(self.launcher, self.peer, self.port, KEY if key is None else key, setup)
             except ConnectionRefusedError:
                 if time.monotonic() > deadline:
                     raise
@@ -131,7 +138,7 @@ def test_a_worker_whose_launcher_never_comes_exits_129_at_its_deadline():
 def test_only_a_holder_of_the_gangs_key_can_attach():
     worker = Worker()
     with pytest.raises(control.Refused, match="does not hold this gang's key"):
-        worker.connect(token="b" * 64)
+        worker.connect(key=b"b" * 64)
     link = worker.connect()  # the worker is still waiting for its real launcher
     link.tell_exit(0, "done")
     code, output = worker.finish()

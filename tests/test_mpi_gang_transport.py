@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from mpi_notary import MemberNotary
+from gang_notary import GangNotary, mpi_gang
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_exec
 from trainhook.launcher.gang import Peer, parse_gang
 
-KEY = bytes(range(32))
+KEY = b""  # the gang's key as the launcher's pod gets it from the real notary (fixture `notary`)
 SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
          "TRAINHOOK_SUBDOMAIN": "pi", "TRAINHOOK_WORKLOAD": "Job/pi-worker", "TRAINHOOK_RESTART_POLICY": "Never"}
@@ -34,10 +34,15 @@ NOTARY: dict[str, str] = {}
 
 @pytest.fixture(autouse=True, scope="module")
 def notary(tmp_path_factory):
-    served = MemberNotary(tmp_path_factory.mktemp("notary"), "team-a", "pi", KEY)
-    NOTARY.update(served.env())
-    yield served
-    served.close()
+    """The real webhook's notary over a real MPI gang (Jobs pi-launcher and pi-worker, admitted by the webhook):
+    the worker process presents the worker pod's token, this test's launcher side holds what the launcher pod
+    gets."""
+    global KEY
+    with GangNotary(tmp_path_factory.mktemp("notary") / "run") as served:
+        launcher, [worker] = mpi_gang(served)
+        NOTARY.update(served.notary_env(worker))
+        KEY = served.key(launcher["metadata"]["name"])
+        yield served
 
 
 def free_port() -> int:

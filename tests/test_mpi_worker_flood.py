@@ -17,12 +17,11 @@ import time
 
 import pytest
 
-from mpi_notary import MemberNotary
+from gang_notary import GangNotary, mpi_gang
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_doorman
 from trainhook.launcher.gang import Peer, parse_gang
 
-KEY = b"k" * 32
 CROWD = 400
 DRIP = 8.0
 ENV = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
@@ -48,16 +47,19 @@ def threads_and_sockets(pid: int) -> tuple[int, int]:
     return threads, sockets
 
 
-@pytest.fixture
-def notary(tmp_path):
-    served = MemberNotary(tmp_path, "team-a", "pi", KEY)
-    yield served
-    served.close()
+@pytest.fixture(scope="module")
+def member(tmp_path_factory) -> tuple[dict[str, str], bytes]:
+    """The worker pod of a real MPI gang (a launcher and one worker, admitted by the real webhook): the notary's
+    URL and CA the webhook injected and the pod's own token; and the gang's key, as the launcher's pod gets it."""
+    with GangNotary(tmp_path_factory.mktemp("notary") / "run") as notary:
+        launcher, [worker] = mpi_gang(notary)
+        yield notary.notary_env(worker), notary.key(launcher["metadata"]["name"])
 
 
-def test_a_crowd_dripping_one_byte_every_8s_is_bounded_closed_in_time_and_the_launcher_still_gets_in(notary):
+def test_a_crowd_dripping_one_byte_every_8s_is_bounded_closed_in_time_and_the_launcher_still_gets_in(member):
+    notary_env, key = member
     port = free_port()
-    env = {"PATH": os.environ["PATH"], **ENV, **notary.env(), "TRAINHOOK_ROLE": "worker", "TRAINHOOK_RANK": "1",
+    env = {"PATH": os.environ["PATH"], **ENV, **notary_env, "TRAINHOOK_ROLE": "worker", "TRAINHOOK_RANK": "1",
            "TRAINHOOK_PORT": str(port)}
     worker = subprocess.Popen([sys.executable, "-m", "trainhook.launcher.cli", "mpi-worker"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -85,7 +87,7 @@ def test_a_crowd_dripping_one_byte_every_8s_is_bounded_closed_in_time_and_the_la
             peak = (max(peak[0], threads), max(peak[1], sockets))
             if launcher_in is None and time.monotonic() - flood_started > 3:
                 # Mid-flood, with the pending slots full of drippers: the real launcher's handshake.
-                launcher_in = control.connect(launcher, Peer("worker", 0, 1, "127.0.0.1"), port, KEY,
+                launcher_in = control.connect(launcher, Peer("worker", 0, 1, "127.0.0.1"), port, key,
                                               control.Setup("gang", ""))
             readable, _, _ = select.select(list(crowd), [], [], 0.5)
             for sock in readable:
@@ -127,11 +129,12 @@ def test_a_crowd_dripping_one_byte_every_8s_is_bounded_closed_in_time_and_the_la
             worker.communicate()
 
 
-def test_the_accept_loop_survives_running_out_of_file_descriptors(notary):
+def test_the_accept_loop_survives_running_out_of_file_descriptors(member):
     """With 40 file descriptors allowed (fewer than MAX_PENDING), a crowd makes accept() fail with EMFILE; the
     loop backs off and goes on, and once the crowd is gone the launcher connects."""
+    notary_env, key = member
     port = free_port()
-    env = {"PATH": os.environ["PATH"], **ENV, **notary.env(), "TRAINHOOK_ROLE": "worker", "TRAINHOOK_RANK": "1",
+    env = {"PATH": os.environ["PATH"], **ENV, **notary_env, "TRAINHOOK_ROLE": "worker", "TRAINHOOK_RANK": "1",
            "TRAINHOOK_PORT": str(port)}
     limits = ["prlimit", "--nofile=40"]
     worker = subprocess.Popen([*limits, sys.executable, "-m", "trainhook.launcher.cli", "mpi-worker"], env=env,
@@ -157,7 +160,7 @@ def test_the_accept_loop_survives_running_out_of_file_descriptors(notary):
         deadline = time.monotonic() + 30
         while True:
             try:
-                link = control.connect(launcher, Peer("worker", 0, 1, "127.0.0.1"), port, KEY,
+                link = control.connect(launcher, Peer("worker", 0, 1, "127.0.0.1"), port, key,
                                        control.Setup("gang", ""))
                 break
             except (OSError, control.ControlError):
