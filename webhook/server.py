@@ -263,13 +263,18 @@ def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SS
         return
     notary_app = notary.create_app(notary.Notary(notary.authority_from(args, api_client),
                                                  lambda: app[SETTINGS].settings.gang_key))
+    # Every pod may reach this port (the chart's NetworkPolicy opens it to all): the same connection cap, head
+    # deadline and head bounds as the admission port (connections.py), not a bare TCPSite that idle clients fill.
+    guard_app(notary_app)
 
     async def listener(app: web.Application):
-        runner = web.AppRunner(notary_app, handle_signals=False, access_log=None)
+        runner = web.AppRunner(notary_app, handle_signals=False, access_log=None, **RUNNER_ARGS)
         await runner.setup()
-        await web.TCPSite(runner, args.host, args.notary_port, ssl_context=context).start()
+        accepting, sock = serve_app(runner, args.host, args.notary_port, context)
         log.info("notary serving", extra={"host": args.host, "port": args.notary_port, "url": args.notary_url})
         yield
+        accepting.cancel()
+        sock.close()
         await runner.cleanup()
 
     app.cleanup_ctx.append(listener)
