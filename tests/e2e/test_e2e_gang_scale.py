@@ -30,10 +30,11 @@ node_config = node_mod.cfg  # hack/node_config.py, as hack/node.py imports it
 BARE = ("import os, time; print(f'GANGSTART rank={os.environ[\"HOSTNAME\"].rsplit(\"-\", 1)[1]} "
         "at={time.time():.6f}', flush=True); time.sleep(600)")
 PER_POD_QUERIES = 60  # a member: its own name and rank 0's a few times, its launcher's connects to rank 0
-# Rank 0's name, the one every member dials: a member's wait resolves it until it is published, its launcher once
-# more (launcher/reach.py keeps the address while the coordinator refuses). Measured: about 4 a pod with the init
-# container, 2 without; before reach.py, 104 a pod (3,342 for 32 pods: one lookup before every connect attempt).
-RANK0_PER_POD = 8
+# Rank 0's name, the one every member dials: a member's wait resolves it until it is published (how often depends
+# on how late the node publishes it, not on the gang's size), its launcher once more (launcher/reach.py keeps the
+# address while the coordinator refuses). Measured: 2.6 to 8.5 a pod with the init container, 2 to 5.6 without;
+# before reach.py, 104 a pod (3,342 for 32 pods: one lookup before every connect attempt).
+RANK0_PER_POD = 24
 GROWTH_BOUND = 8.0  # queries(32) / queries(8): linear is 4, all-to-all was 16
 
 
