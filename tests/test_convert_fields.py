@@ -160,6 +160,7 @@ def test_templates_are_kept_whole():
         assert workload["metadata"]["namespace"] == "team-a"
     assert annotations(converted) == {keys.CONTAINER: "pytorch", keys.PORT: "23456", ACTIVE_DEADLINE_SECONDS: "7200",
                                       ON_FAILURE: "restart-gang", keys.MAX_RESTARTS: "2",
+                                      keys.FAILURE_RULES: "restart-gang: 1-255",  # OnFailure: any exit code
                                       keys.REPLICAS: "master=1,worker=3"}
 
 

@@ -6,6 +6,7 @@ for StatefulSets and Indexed Jobs alike."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from test_render import by_kind, validate_objects
 from trainhook import keys
 from trainhook.cli import main
 from trainhook.convert import ConvertError, convert_job, convert_text
+from trainhook.explain import explain_text
+from trainhook.launcher.failure_rules import FailureRules
 from trainhook.render import ON_FAILURE, RenderOptions, render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +45,13 @@ def lifecycle(converted) -> tuple[str, str | None]:
     """(on-failure, max-restarts), the same on every workload."""
     seen = {(w["metadata"]["annotations"][ON_FAILURE], w["metadata"]["annotations"].get(keys.MAX_RESTARTS))
             for w in workloads(converted)}
+    assert len(seen) == 1, seen
+    return seen.pop()
+
+
+def failure_rules(converted) -> str | None:
+    """trainhook.dev/failure-rules, the same on every workload (None: the default rules)."""
+    seen = {w["metadata"]["annotations"].get(keys.FAILURE_RULES) for w in workloads(converted)}
     assert len(seen) == 1, seen
     return seen.pop()
 
@@ -100,7 +110,9 @@ def test_the_cli_writes_backoff_limit_0_and_the_gangs_restarts(tmp_path, capsys)
 def test_a_replica_type_without_restart_policy_gets_kubeflows_default(kind, api_version, expected):
     converted = convert_job(retrying(kind, restart=None, api_version=api_version))
     assert lifecycle(converted) == expected
-    if expected[0] == "restart-gang":
+    # OnFailure restarts a member on any exit code: the gang restarts on any (the default rules fail 1-127).
+    assert failure_rules(converted) == ("restart-gang: 1-255" if expected[0] == "restart-gang" else None)
+    if expected == ("restart-gang", None):  # no bound: warned, naming the default restartPolicy
         assert any("restartPolicy=OnFailure (Kubeflow's default)" in w for w in converted.warnings), \
             converted.warnings
 
@@ -227,16 +239,49 @@ def test_kubeflows_retries_are_compared_with_the_gangs_in_warnings():
     assert converted.warnings == [
         "PyTorchJob/j: spec.pytorchReplicaSpecs.{Master,Worker}.restartPolicy=OnFailure (Kubeflow's default) "
         "without spec.runPolicy.backoffLimit: Kubeflow retries without bound; trainhook restarts the gang together, "
-        "at most 3 times (trainhook.dev/max-restarts)",
-        "PyTorchJob/j: spec.pytorchReplicaSpecs.{Master,Worker}.restartPolicy=OnFailure (Kubeflow's default): "
-        "Kubeflow restarts a failed member on any exit code; the gang restarts whole, and only on exit codes 128 and "
-        "above (signals, OOM kills, evictions): 1-127 is the program's own verdict and fails the gang, as Kubeflow's "
-        "restartPolicy ExitCode does"]
+        "at most 3 times (trainhook.dev/max-restarts)"]
     mixed = retrying(restart="ExitCode", runPolicy={"backoffLimit": 2})
     mixed["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] = "Never"
     assert convert_job(mixed).warnings == [
         "PyTorchJob/j: spec.pytorchReplicaSpecs.Master.restartPolicy=Never: Kubeflow fails the job when such a member "
-        "fails; under restart-gang its failures (exit codes 128 and above) restart the gang like any member's"]
+        "fails; under restart-gang its failures restart the gang like any member's, as the default failure rules "
+        "(exit codes 128 and above) say"]
+    mixed["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    assert convert_job(mixed).warnings == [
+        "PyTorchJob/j: spec.pytorchReplicaSpecs.Master.restartPolicy=Never: Kubeflow fails the job when such a member "
+        "fails; under restart-gang its failures restart the gang like any member's, as 'restart-gang: 1-255' say"]
+    # One set of rules for the gang: a type that retries any exit code decides it, the others' are warned.
+    exit_code_master = retrying(restart="OnFailure", runPolicy={"backoffLimit": 2})
+    exit_code_master["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] = "ExitCode"
+    converted = convert_job(exit_code_master)
+    assert failure_rules(converted) == "restart-gang: 1-255"
+    assert converted.warnings == [
+        "PyTorchJob/j: spec.pytorchReplicaSpecs.Master.restartPolicy=ExitCode next to "
+        "spec.pytorchReplicaSpecs.Worker.restartPolicy=OnFailure: a gang has one set of failure rules, "
+        "'restart-gang: 1-255' (trainhook.dev/failure-rules), so their exits 1-127 restart the gang too, where "
+        "Kubeflow fails the job; edit the annotation in the output to choose (docs/gang-lifecycle.md#failure-rules)"]
+
+
+@pytest.mark.parametrize("restart, rules, exit_3, sigkill", [
+    # Kubeflow's ExitCode: 128 and above retried, 1-127 permanent; the default rules (lost peers, timeouts too).
+    ("ExitCode", None, "fail-gang", "restart-gang"),
+    # OnFailure and Always: Kubeflow restarts the member whatever its exit code; the gang restarts whole.
+    ("OnFailure", "restart-gang: 1-255", "restart-gang", "restart-gang"),
+    ("Always", "restart-gang: 1-255", "restart-gang", "restart-gang"),
+])
+def test_the_restart_policy_becomes_the_failure_rules_the_launcher_decides_with(restart, rules, exit_3, sigkill):
+    """Through the real admission (explain: the webhook's mutation of every pod) to the variable the coordinator
+    reads its rules from, decided as the launcher decides (launcher/failure_rules.py)."""
+    converted = convert_job(retrying(restart=restart, runPolicy={"backoffLimit": 4}), workload_kind="job")
+    assert (lifecycle(converted), failure_rules(converted)) == (("restart-gang", "4"), rules)
+    assert converted.warnings == []  # what Kubeflow retries, the gang retries: nothing to say
+    explained = explain_text(yaml.safe_dump_all(converted.objects))
+    assert explained.pods
+    for item in explained.pods:
+        env = dict(item.injected)
+        assert env[keys.TH_ON_FAILURE] == "restart-gang" and env.get(keys.TH_FAILURE_RULES) == rules
+        decide = FailureRules.from_text(env.get(keys.TH_FAILURE_RULES)).decide
+        assert (decide(3).action, decide(128 + signal.SIGKILL).action) == (exit_3, sigkill)
 
 
 def test_mpi_operators_launcher_job_retries_whatever_its_restart_policy():
@@ -244,5 +289,8 @@ def test_mpi_operators_launcher_job_retries_whatever_its_restart_policy():
     converted = convert_job(source, workload_kind="job")
     assert lifecycle(converted) == ("restart-gang", "2")
     assert all(w["spec"]["backoffLimit"] == 0 for w in workloads(converted))
+    assert failure_rules(converted) == "restart-gang: 1-255"
     assert any("spec.mpiReplicaSpecs.Launcher.restartPolicy=Never: mpi-operator's launcher Job reruns a failed "
-               "launcher on any exit code" in w for w in converted.warnings), converted.warnings
+               "launcher on any exit code, and so does the gang, restarting every member together "
+               "(trainhook.dev/failure-rules: 'restart-gang: 1-255')" in w for w in converted.warnings), \
+        converted.warnings

@@ -2,10 +2,13 @@
 runPolicy's backoffLimit, activeDeadlineSeconds, cleanPodPolicy, ttlSecondsAfterFinished, suspend and managedBy.
 
 Kubeflow retries members one by one; a gang is retried whole, by its launchers (`trainhook.dev/on-failure:
-restart-gang`, at most `trainhook.dev/max-restarts` times). So backoffLimit becomes the gang's restart budget and
-never a Job's: a Job retrying one pod on its own would start it outside the gang (render gives every Job
-`backoffLimit: 0`). Whatever Kubeflow would do that the gang does not is said in a warning, with the field, its
-value and what happens instead; a value that asks for what trainhook does anyway is taken silently.
+restart-gang`, at most `trainhook.dev/max-restarts` times, for the failures `trainhook.dev/failure-rules` retries).
+So backoffLimit becomes the gang's restart budget and never a Job's: a Job retrying one pod on its own would start
+it outside the gang (render gives every Job `backoffLimit: 0`), and the restartPolicy says which failures are
+retried: ExitCode is the default failure rules (signals, lost peers and timeouts retried, exit 1-127 fatal),
+OnFailure and Always retry any exit code (`restart-gang: 1-255`). Whatever Kubeflow would do that the gang does not
+is said in a warning, with the field, its value and what happens instead; a value that asks for what trainhook
+does anyway is taken silently.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from trainhook.render import ACTIVE_DEADLINE_SECONDS, ON_FAILURE
 KUBEFLOW_MANAGER = "kubeflow.org/training-operator"
 DEFAULT_MAX_RESTARTS = "3"  # the launcher's, when trainhook.dev/max-restarts is not set
 MPI_OPERATOR_BACKOFF = 6  # mpi-operator v2 copies runPolicy.backoffLimit to its launcher Job: a Job's default
+# Kubeflow's OnFailure and Always as failure rules: every failing exit code restarts the gang (within max-restarts).
+# ExitCode needs none: the default rules retry what it retries (128 and above) and fail 1-127, as it does.
+ANY_EXIT_CODE_RULES = f"{keys.RESTART_GANG}: 1-255"
 
 
 @dataclass
@@ -50,15 +56,19 @@ class Restart(NamedTuple):
 
 def restart_policies(restarts: dict[str, Restart], backoff: int | None, specs_path: str, launcher_job: bool,
                      fields: Fields, annotations: dict) -> None:
-    """The replica types' restartPolicy and runPolicy.backoffLimit as `on-failure` and `max-restarts`.
+    """The replica types' restartPolicy and runPolicy.backoffLimit as `on-failure`, `failure-rules` and
+    `max-restarts`.
 
     Kubeflow counts backoffLimit against the types that retry (OnFailure and Always on any exit code, ExitCode on
     128 and above) and fails the job at a Never type's first failure; without backoffLimit it retries without bound.
     mpi-operator v2 (`launcher_job`) gives backoffLimit to its launcher Job instead, which reruns a failed launcher
-    whatever its restartPolicy, 6 times by default."""
+    whatever its restartPolicy, 6 times by default. A gang has one set of failure rules for all its members: when
+    any type retries on any exit code, the gang does (`restart-gang: 1-255`), else the default rules are
+    ExitCode's."""
     any_code = [t for t, r in restarts.items() if r.policy in ("OnFailure", "Always")
                 or (launcher_job and t.lower() == "launcher")]
-    retrying = any_code + [t for t, r in restarts.items() if r.policy == "ExitCode" and t not in any_code]
+    exit_code = [t for t, r in restarts.items() if r.policy == "ExitCode" and t not in any_code]
+    retrying = any_code + exit_code
     never = [t for t in restarts if t not in retrying]
     if launcher_job and backoff is None:
         backoff = MPI_OPERATOR_BACKOFF
@@ -68,9 +78,11 @@ def restart_policies(restarts: dict[str, Restart], backoff: int | None, specs_pa
             fields.drop("spec.runPolicy.backoffLimit", backoff,
                         "no effect: no replica type retries (restartPolicy Never), so Kubeflow fails the job at the "
                         "first failure, and the gang fails the same way (fail-gang); give the replica types "
-                        "restartPolicy ExitCode to retry the gang")
+                        "restartPolicy ExitCode or OnFailure to retry the gang")
         return
     annotations[ON_FAILURE] = "restart-gang"
+    if any_code:
+        annotations[keys.FAILURE_RULES] = ANY_EXIT_CODE_RULES
     if backoff is None:
         fields.warnings.append(
             f"{fields.where}: {shown(specs_path, retrying, restarts)} without spec.runPolicy.backoffLimit: "
@@ -82,17 +94,23 @@ def restart_policies(restarts: dict[str, Restart], backoff: int | None, specs_pa
                     f"spec.elasticPolicy.maxRestarts={annotations[keys.MAX_RESTARTS]} already set it")
     else:
         annotations[keys.MAX_RESTARTS] = str(backoff)
-    if any_code:
-        who = ("mpi-operator's launcher Job reruns a failed launcher" if launcher_job else
-               "Kubeflow restarts a failed member")
+    rerun = [t for t in any_code if restarts[t].policy not in ("OnFailure", "Always")]
+    if rerun:  # the launcher Job's doing, not its restartPolicy's: say why a Never or ExitCode launcher retries
         fields.warnings.append(
-            f"{fields.where}: {shown(specs_path, any_code, restarts)}: {who} on any exit code; the gang restarts "
-            "whole, and only on exit codes 128 and above (signals, OOM kills, evictions): 1-127 is the program's own "
-            "verdict and fails the gang, as Kubeflow's restartPolicy ExitCode does")
+            f"{fields.where}: {shown(specs_path, rerun, restarts)}: mpi-operator's launcher Job reruns a failed "
+            f"launcher on any exit code, and so does the gang, restarting every member together "
+            f"({keys.FAILURE_RULES}: '{ANY_EXIT_CODE_RULES}')")
+    if any_code and exit_code:
+        fields.warnings.append(
+            f"{fields.where}: {shown(specs_path, exit_code, restarts)} next to "
+            f"{shown(specs_path, any_code, restarts)}: a gang has one set of failure rules, "
+            f"'{ANY_EXIT_CODE_RULES}' ({keys.FAILURE_RULES}), so their exits 1-127 restart the gang too, where "
+            "Kubeflow fails the job; edit the annotation in the output to choose (docs/gang-lifecycle.md#failure-rules)")
     if never:
+        rules = f"'{ANY_EXIT_CODE_RULES}'" if any_code else "the default failure rules (exit codes 128 and above)"
         fields.warnings.append(
             f"{fields.where}: {shown(specs_path, never, restarts)}: Kubeflow fails the job when such a member "
-            "fails; under restart-gang its failures (exit codes 128 and above) restart the gang like any member's")
+            f"fails; under restart-gang its failures restart the gang like any member's, as {rules} say")
 
 
 def shown(specs_path: str, types: list[str], restarts: dict[str, Restart]) -> str:
