@@ -1,11 +1,12 @@
 """Delivery benchmark: what the delivered launcher costs a pod (docs/delivery.md).
 
-- `install`: building the zip and writing it and the shim into a folder, in this process (the init container's
-  extra work), median of --repeat runs;
+- `install`: building the zip and writing it and the entry point into a folder, in this process (the init
+  container's extra work), median of --repeat runs;
 - the init container's process: `trainhook-launch wait --mode none --install DIR` against `wait --mode none`
   alone, median of --repeat runs each, interleaved;
-- the training container's start: `DIR/bin/trainhook-launch run -- true` (the shim, the image's Python on the
-  zip) against `python3 -I -c pass`, interleaved;
+- the training container's start: `DIR/bin/trainhook-launch run -- true` (the entry point, a static program that
+  execs the image's Python on the zip: docs/delivery.md) against `python3 -I -c pass`, interleaved; `entry` says
+  whether this machine's install wrote that program or, with no C compiler here, the old `#!/bin/sh` script;
 - admission: µs per pod `review()` with this tree's webhook and, with --baseline REV, with REV's (a git
   worktree, in a subprocess), interleaved rounds: the delivery's share of a pod review.
 
@@ -106,10 +107,12 @@ def main() -> int:
         with_install, without = interleaved(launch + ["install", str(folder / "init")],
                                              launch + ["--help"], args.repeat, env)
         results["init_install_process_ms"], results["init_help_process_ms"] = with_install * 1e3, without * 1e3
-        shim = str(folder / "in-process" / "bin" / "trainhook-launch")
+        entry = folder / "in-process" / "bin" / deliver.SHIM_NAME
+        results["entry"] = "static program" if deliver.is_program(entry.read_bytes()) else "/bin/sh script"
+        results["entry_bytes"] = entry.stat().st_size
         python = shutil.which("python3") or sys.executable
-        wrapped, bare = interleaved([shim, "run", "--", "true"], [python, "-I", "-c", "pass"], args.repeat)
-        results["shim_run_true_ms"], results["python_start_ms"] = wrapped * 1e3, bare * 1e3
+        wrapped, bare = interleaved([str(entry), "run", "--", "true"], [python, "-I", "-c", "pass"], args.repeat)
+        results["entry_run_true_ms"], results["python_start_ms"] = wrapped * 1e3, bare * 1e3
     if args.baseline:
         with tempfile.TemporaryDirectory() as scratch:
             base = Path(scratch) / "baseline"
