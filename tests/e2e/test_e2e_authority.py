@@ -147,7 +147,9 @@ def test_a_gang_in_an_unlisted_namespace_records_succeeded_stops_and_emits_an_ev
     annotations, logs = run_gang(node, namespace, name, 3, rank_script(2), "Succeeded")
     assert annotations["trainhook.dev/exit-code"] == "0", annotations
     for pod, text in logs.items():  # trained exactly once
-        assert text.count("training started") == 1 and text.count("done") == 1, (pod, text[-2000:])
+        rank = pod.rsplit("-", 1)[1]
+        assert text.count(f"rank {rank}: training started") == 1, (pod, text[-2000:])
+        assert text.count(f"rank {rank}: done") == 1, (pod, text[-2000:])
     # The phase is a label too: plain kubectl filters and shows it.
     assert names_with_label(node, namespace, "trainhook.dev/phase=Succeeded") == [name]
     assert names_with_label(node, namespace, "trainhook.dev/phase=Failed") == []
@@ -245,7 +247,7 @@ def test_a_labeled_pod_and_a_pod_spec_reader_cannot_join_stop_or_fake_a_gang(nod
         assert annotations["trainhook.dev/phase"] == "Succeeded", annotations
         assert "forged" not in annotations.get("trainhook.dev/phase-reason", ""), annotations
         for pod, follower in followers.items():
-            assert follower.text.count("done") == 1, (pod, follower.text[-2000:])
+            assert follower.text.count(f"rank {pod.rsplit('-', 1)[1]}: done") == 1, (pod, follower.text[-2000:])
         # The notary logged the refused credential once, however often it was asked.
         webhook_logs = "".join(node.logs(RELEASE_NAMESPACE, p["metadata"]["name"]) for p in json.loads(
             node.kubectl("get", "pods", "-n", RELEASE_NAMESPACE, "-o", "json"))["items"])
