@@ -161,7 +161,8 @@ def test_every_rendered_manifest_is_valid_under_strict_schemas(rendered, version
     kinds = {json.loads(key)["kind"] for key in checked}
     assert kinds == {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "MutatingWebhookConfiguration",
                      "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-                     "NetworkPolicy"}  # no Secret: no key rendered
+                     "NetworkPolicy",  # values-full's networkPolicy
+                     "Job"}  # the uninstall check's pre-delete hook (tests/test_chart_uninstall.py); no Secret: no key
 
 
 @pytest.mark.parametrize("name", value_sets("cert-manager"))
@@ -497,7 +498,7 @@ def test_every_object_carries_the_standard_labels(rendered, name):
         assert labels["app.kubernetes.io/managed-by"] == "Helm", where
         assert labels["app.kubernetes.io/version"] == "0.1.0", where
         assert labels["app.kubernetes.io/name"] in ("trainhook", "hook"), where
-        assert labels["app.kubernetes.io/component"] in ("webhook", "training", "launcher"), where
+        assert labels["app.kubernetes.io/component"] in ("webhook", "training", "launcher", "uninstall-check"), where
         assert labels["helm.sh/chart"] == "trainhook-0.1.0", where
         if manifest["kind"] not in ("MutatingWebhookConfiguration", "ClusterRole", "ClusterRoleBinding"):
             assert manifest["metadata"]["namespace"], where
