@@ -1,9 +1,11 @@
 """The launcher's standard-library API client (launcher/kube_api.py, launcher/outcome_api.py) against the real
 Kubernetes v1.20 API server (tests/conftest_cluster.py), called as a pod calls it: the ServiceAccount's token and
-CA in a directory, the server at KUBERNETES_SERVICE_HOST/PORT. With the chart's training ClusterRole bound it
-reads, records (a merge patch of metadata only: the workload's generation does not move, so nothing rolls) and
-scales a StatefulSet to zero; without it, and for a workload that does not exist, the refusal is one line in
-the API server's words. The admin's JSON kubeconfig (client certificate data) works outside a pod."""
+CA in a directory, the server at KUBERNETES_SERVICE_HOST/PORT. With a Role granting what a recorder needs bound
+(the chart grants training pods nothing since issue 22: the notary records for them, tests/test_notary_cluster.py;
+outcome_api stays as the tests' recorder, tests/launcher_outcomes.py) it reads, records (a merge patch of metadata
+only: the workload's generation does not move, so nothing rolls) and scales a StatefulSet to zero; without it, and
+for a workload that does not exist, the refusal is one line in the API server's words. The admin's JSON kubeconfig
+(client certificate data) works outside a pod."""
 
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes import client
 
-from chart_render import find, render_chart
 from conftest_cluster import control_plane, k8s_namespace, wait_for_service_account_token  # noqa: F401
 from trainhook.launcher import kube_api, outcome_api
 from trainhook.launcher.lifecycle import FAILED, Outcome
 
 pytestmark = pytest.mark.cluster
 OUTCOME = Outcome(FAILED, 3, "rank 2 (worker-2 at train-2.train) exited with 3", 2, "2025-06-01T12:00:00Z")
+# What outcome_api's calls need, and nothing more (the notary's ClusterRole grants the same verbs to the webhook).
+RECORDER_RULES = [{"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "patch"]},
+                  {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "verbs": ["patch"]},
+                  {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "patch"]}]
 
 
 def service_account(plane, api, namespace: str, name: str, directory: Path) -> kube_api.Client:
@@ -35,16 +40,16 @@ def service_account(plane, api, namespace: str, name: str, directory: Path) -> k
 
 @pytest.fixture
 def workloads(control_plane, k8s_namespace, tmp_path):  # noqa: F811
-    """A StatefulSet and a Job named `train`, and clients for `trainer` (bound to the chart's training
-    ClusterRole, as Helm renders it) and `nobody`."""
+    """A StatefulSet and a Job named `train`, and clients for `trainer` (bound to a Role of RECORDER_RULES in the
+    namespace) and `nobody`."""
     ns = k8s_namespace
-    manifests = render_chart({"fullnameOverride": f"th-{ns}",
-                              "trainingServiceAccounts": [{"namespace": ns, "name": "trainer"}]})
-    role = find(manifests, "ClusterRole", f"th-{ns}-training")
     with control_plane.api_client() as api:
         rbac = client.RbacAuthorizationV1Api(api)
-        rbac.create_cluster_role(role)
-        rbac.create_namespaced_role_binding(ns, find(manifests, "RoleBinding", f"th-{ns}-training-trainer"))
+        rbac.create_namespaced_role(ns, {"metadata": {"name": "recorder"}, "rules": RECORDER_RULES})
+        rbac.create_namespaced_role_binding(ns, {
+            "metadata": {"name": "recorder-trainer"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "recorder"},
+            "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": ns}]})
         template = {"metadata": {"labels": {"app": "train"}},
                     "spec": {"containers": [{"name": "trainer", "image": "registry.example/t:1"}]}}
         client.AppsV1Api(api).create_namespaced_stateful_set(ns, {
@@ -54,10 +59,7 @@ def workloads(control_plane, k8s_namespace, tmp_path):  # noqa: F811
             "template": {**template, "spec": {**template["spec"], "restartPolicy": "Never"}}}})
         trainer = service_account(control_plane, api, ns, "trainer", tmp_path / "trainer")
         nobody = service_account(control_plane, api, ns, "nobody", tmp_path / "nobody")
-        try:
-            yield api, ns, trainer, nobody
-        finally:
-            rbac.delete_cluster_role(role["metadata"]["name"])
+        yield api, ns, trainer, nobody  # the Role and its binding go with the namespace
 
 
 def test_the_outcome_is_recorded_read_back_and_the_statefulset_scaled_to_zero(workloads):
