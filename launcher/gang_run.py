@@ -171,7 +171,9 @@ class Link(threading.Thread):
             welcome = channel.receive()  # signed: proves the coordinator holds the gang's token
             if welcome is None:
                 raise ConnectionError("the coordinator closed the connection (did it refuse us? see its log)")
-            if welcome.get("type") != "welcome":
+            # A gang already done answers a (re)joining member with its outcome instead of a welcome: that is
+            # the member's directive too (it ends as the gang did), not a refusal to retry until the deadline.
+            if welcome.get("type") not in ("welcome", "done"):
                 raise wire.Refused(f"expected a welcome, got {str(welcome)[:120]}")
             sock.settimeout(None)
             set_keepalive(sock)

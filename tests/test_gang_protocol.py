@@ -419,6 +419,37 @@ def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
         coordinator.close()
 
 
+def test_a_member_whose_launcher_restarts_after_the_outcome_is_told_it_on_rejoining():
+    port = free_port()
+    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=lambda line: None)
+    coordinator.start()
+    links = []
+    try:
+        settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
+        settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
+        for rank in (0, 1):
+            events: queue.SimpleQueue = queue.SimpleQueue()
+            link = Link(gang(2, rank), settings, events, Report())
+            link.start()
+            links.append((link, events))
+        for _, events in links:
+            assert next_directive(events, "start")["attempt"] == 1
+        links[1][0].update(Report(attempt=1, status=EXITED, code=3))
+        assert next_directive(links[1][1], "done")["outcome"]["code"] == 3
+        links[1][0].close()  # rank 1's launcher goes (its container restarts) after the gang is done
+        events = queue.SimpleQueue()
+        again = Link(gang(2, 1), settings, events, Report())
+        again.start()
+        links.append((again, events))
+        started = time.monotonic()
+        assert next_directive(events, "done")["outcome"]["code"] == 3  # the outcome, at once, not a retry loop
+        assert time.monotonic() - started < 5
+    finally:
+        for link, _ in links:
+            link.close()
+        coordinator.close()
+
+
 def test_run_in_a_gang_without_a_notary_runs_the_command_alone():
     command = [sys.executable, "-m", "trainhook.launcher.cli", "run", "--", sys.executable, "-c",
                "raise SystemExit(7)"]
