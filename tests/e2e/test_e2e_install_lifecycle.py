@@ -57,8 +57,13 @@ def uninstall(node, *flags: str) -> str:
 
 def release_status(node) -> str | None:
     """The release's Helm status (deployed, uninstalling, ...), None when there is none."""
-    listed = json.loads(helm(node, "list", "--namespace", RELEASE_NAMESPACE, "--all", "-o", "json"))
-    return next((r["status"] for r in listed if r["name"] == RELEASE), None)
+    try:
+        return json.loads(helm(node, "status", RELEASE, "--namespace", RELEASE_NAMESPACE, "-o", "json"))["info"][
+            "status"]
+    except AssertionError as e:
+        if "not found" in str(e):
+            return None
+        raise
 
 
 def secret_fingerprint(node) -> str:
