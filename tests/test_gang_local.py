@@ -304,9 +304,10 @@ def test_a_torch_ddp_gang_under_the_launcher_restarts_with_a_fresh_rendezvous_an
     """Real torchrun + DDP (gloo, CPU) on two pods: the worker's torchrun is SIGKILLed once, two seconds into
     attempt 1; the gang restarts together (torchrun's MASTER_PORT moves by one) and then trains to the end."""
     docs = list(yaml.safe_load_all((ROOT / "examples" / "pytorch" / "ddp.yaml").read_text()))
-    # `$$$$` is the shell's `$$` once Kubernetes has expanded `$(VAR)` references (`$$` escapes `$`).
-    kill_once = ('if [ "$TRAINHOOK_ATTEMPT" = 1 ] && [ "$RANK" = 1 ]; then (sleep 2; kill -9 $$$$) & fi; '
-                 'exec torchrun /workspace/ddp.py')
+    # `$$$$` is the shell's `$$` once Kubernetes has expanded `$(VAR)` references (`$$` escapes `$`). Attempt 1
+    # trains far longer than 2 s (2 epochs take under 2 s on an idle machine), so the kill lands mid-training.
+    kill_once = ('if [ "$TRAINHOOK_ATTEMPT" = 1 ]; then export EPOCHS=100000; '
+                 'if [ "$RANK" = 1 ]; then (sleep 2; kill -9 $$$$) & fi; fi; exec torchrun /workspace/ddp.py')
     for doc in docs:
         if doc["kind"] == "StatefulSet":
             doc["spec"]["replicas"] = 2
