@@ -54,6 +54,8 @@ time.sleep(SLEEP)
 if rank == FAIL_RANK:
     print(f"rank {rank}: failing", flush=True)
     sys.exit(3)
+if FAIL_RANK >= 0:
+    time.sleep(300)  # the others train on: rank 1's failure ends the gang, and they are stopped
 print(f"rank {rank}: done", flush=True)
 """
 
@@ -219,7 +221,8 @@ def test_a_labeled_pod_and_a_pod_spec_reader_cannot_join_stop_or_fake_a_gang(nod
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": f"{name}-intruder", "labels": {
                     **spec["metadata"]["labels"], "trainhook.dev/index": "1"},
-                    "annotations": {"trainhook.dev/launcher": "none",
+                    # No launcher and no gang wait: the attacker runs its own code at once.
+                    "annotations": {"trainhook.dev/launcher": "none", "trainhook.dev/gang-wait": "none",
                                     "trainhook.dev/replicas": spec["metadata"]["annotations"]["trainhook.dev/replicas"]}},
                 "spec": {"restartPolicy": "Never", "containers": [{
                     "name": "forge", "image": node.images["torch"], "imagePullPolicy": "Never",
