@@ -148,8 +148,11 @@ def test_api_server_defaults_are_replaced_with_a_warning():
 
 def test_extra_tolerations_from_settings_are_added_once():
     toleration = {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}
-    settings = Settings(extra_tolerations=(toleration,))
+    settings = Settings(extra_tolerations=(toleration,), toleration_namespaces=frozenset({"team-a"}))
     pod = pod_of_statefulset(GPU_STS, 0)
+    added = mutate("Pod", "CREATE", pod, "team-a", settings).obj
+    assert added["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, toleration]
     pod["spec"]["tolerations"] = [dict(toleration)]
     out = mutate("Pod", "CREATE", pod, "team-a", settings).obj
     assert out["spec"]["tolerations"] == [

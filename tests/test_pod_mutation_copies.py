@@ -18,7 +18,8 @@ from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefu
     statefulset
 
 GPU_TAINTS = Settings(extra_tolerations=({"key": "dedicated", "operator": "Equal", "value": "training",
-                                          "effect": "NoSchedule"},), gang_key=b"k" * 32,
+                                          "effect": "NoSchedule"},), toleration_namespaces=frozenset({"team-a"}),
+                      gang_key=b"k" * 32,
                       notary_url="https://trainhook.trainhook.svc:8444", notary_ca="PEM")
 
 
