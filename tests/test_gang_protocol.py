@@ -381,22 +381,29 @@ def next_directive(events: queue.SimpleQueue, kind: str, timeout: float = 10) ->
     raise AssertionError(f"no {kind} within {timeout}s")
 
 
-def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
+def started_tcp_gang(log) -> tuple[Coordinator, object, list]:
+    """A real coordinator on a free port and both members' Links of a 2-pod gang, its first attempt started;
+    (the coordinator, the members' settings, [(link, events)]). The caller closes them."""
     port = free_port()
-    lines: list[str] = []
-    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=lines.append)
+    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=log)
     coordinator.start()
+    settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
+    settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
     links = []
+    for rank in (0, 1):
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        link = Link(gang(2, rank), settings, events, Report())
+        link.start()
+        links.append((link, events))
+    for _, events in links:
+        assert next_directive(events, "start")["attempt"] == 1
+    return coordinator, settings, links
+
+
+def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
+    lines: list[str] = []
+    coordinator, settings, links = started_tcp_gang(lines.append)
     try:
-        settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
-        settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
-        for rank in (0, 1):
-            events: queue.SimpleQueue = queue.SimpleQueue()
-            link = Link(gang(2, rank), settings, events, Report())
-            link.start()
-            links.append((link, events))
-        for _, events in links:
-            assert next_directive(events, "start")["attempt"] == 1
         # An outsider with another token claims that rank 0 finished: refused, nothing changes.
         outsider = settings.__class__(**{**settings.__dict__, "key": b"x" * 64})
         events = queue.SimpleQueue()
@@ -420,20 +427,8 @@ def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
 
 
 def test_a_member_whose_launcher_restarts_after_the_outcome_is_told_it_on_rejoining():
-    port = free_port()
-    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=lambda line: None)
-    coordinator.start()
-    links = []
+    coordinator, settings, links = started_tcp_gang(lambda line: None)
     try:
-        settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
-        settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
-        for rank in (0, 1):
-            events: queue.SimpleQueue = queue.SimpleQueue()
-            link = Link(gang(2, rank), settings, events, Report())
-            link.start()
-            links.append((link, events))
-        for _, events in links:
-            assert next_directive(events, "start")["attempt"] == 1
         links[1][0].update(Report(attempt=1, status=EXITED, code=3))
         assert next_directive(links[1][1], "done")["outcome"]["code"] == 3
         links[1][0].close()  # rank 1's launcher goes (its container restarts) after the gang is done
