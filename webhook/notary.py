@@ -7,6 +7,12 @@ pure decision (notary_membership) say whether the pod belongs; what a record doe
 is only the order of the I/O and the HTTP mapping: 401 unauthenticated, 403 refused, 400 malformed, 503 not
 decidable yet (with Retry-After). Refusals are logged once per (pod, reason), at a bounded rate.
 
+At gang start N members ask at once. So the TokenReview runs alongside the GET of the pod the token claims, a
+review's answer is remembered until shortly before the token expires, and the gang's anchor is read once for all
+of them (single-flight) and kept a few seconds for credential calls: webhook/notary_cache.py, and `verify` for
+why a kept copy cannot give a key to anyone fresh reads would refuse. The flags and the authority's choice are in
+notary_settings.py (re-exported here).
+
 Authorities: `cluster` (webhook/notary_cluster.py: the API server, with the chart's documented RBAC) and
 `local:RUN_DIR` (webhook/notary_local.py: the files a `trainhook local` run writes, its runner playing the API server
 and the kubelet).
@@ -14,32 +20,30 @@ and the kubelet).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import datetime as dt
 import json
 import logging
-import os
 import time
 import uuid
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Protocol
 
 from aiohttp import web
 
-from trainhook.webhook.notary_membership import (WORKLOAD_KINDS, Gang, Place, Refusal, WorkloadRef, carries_job,
-                                                 decide, gang_key, gang_workloads, identity_from_review, pick_anchor,
-                                                 place_of)
+from trainhook.webhook.notary_cache import Read, ReviewCache, SharedReads
+from trainhook.webhook.notary_membership import (WORKLOAD_KINDS, Gang, Identity, Place, Refusal, WorkloadRef,
+                                                 carries_job, decide, gang_key, gang_workloads, identity_from_review,
+                                                 pick_anchor, place_of, token_claims)
 from trainhook.webhook.notary_records import (BadBody, event, outcome_message, parse_event, parse_outcome,
                                               rank_pods, record_patch, recorded_outcome, same_record)
-from trainhook.webhook.settings import Settings
+from trainhook.webhook.notary_settings import (DEFAULT_PORT, FileText, add_arguments,  # noqa: F401 - server.py's
+                                               authority_from, check_arguments, notary_settings)  # interface
 
 log = logging.getLogger("trainhook.webhook.notary")
 
-DEFAULT_PORT = 8444
 MAX_BODY = 64 * 1024  # an outcome or an event is a few hundred bytes
 MAX_TOKEN = 16 * 1024
 BODY_DEADLINE = 10.0
@@ -108,6 +112,21 @@ class RefusalLog:
         return True
 
 
+@dataclass(frozen=True)
+class Anchor:
+    """A gang's anchor as read: rank 0's pod, its controller reference, that workload (None: gone, or none)."""
+
+    pod: dict
+    ref: WorkloadRef | None
+    workload: dict | None
+
+    def vouched_by(self, place: Place) -> bool:
+        """Whether the requester's own pod, read now, names this anchor's workload as its controller (kind, name
+        and uid) and the copy is of that very workload: then it is this requester's gang, whatever else changed."""
+        uid = ((self.workload or {}).get("metadata") or {}).get("uid")
+        return place.owner is not None and place.owner == self.ref and uid == place.owner.uid
+
+
 @dataclass
 class Verified:
     """A request's verified member: its place, its gang and the anchor workload as read (None: bare-Pod gang)."""
@@ -122,9 +141,12 @@ class Notary:
     workload to record on: kept here, bounded, and said in an Event on rank 0's pod)."""
 
     def __init__(self, authority: Authority, key: bytes | Callable[[], bytes],
-                 now=lambda: dt.datetime.now(dt.timezone.utc)):
+                 now=lambda: dt.datetime.now(dt.timezone.utc), reviews: ReviewCache | None = None,
+                 anchors: SharedReads | None = None):
         """`key` is the gang key, or a function returning the current one (the webhook's Settings hold it, and
-        may adopt a new one while serving)."""
+        may adopt a new one while serving). `reviews` and `anchors`: what it remembers (webhook/notary_cache.py)."""
+        self.reviews = ReviewCache() if reviews is None else reviews  # (an empty cache is falsy: no `or`)
+        self.anchors = SharedReads() if anchors is None else anchors
         self.key_now = key if callable(key) else (lambda: key)
         if not self.key_now():
             raise ValueError("the notary needs the gang key (TRAINHOOK_WEBHOOK_GANG_KEY or --gang-key-file)")
@@ -132,26 +154,73 @@ class Notary:
         self.refusals = RefusalLog()
         self.bare_outcomes: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
-    async def verify(self, token: str) -> Verified:
-        """Who sent the request, and their gang (Refusal otherwise)."""
+    async def verify(self, token: str, shared: bool = False) -> Verified:
+        """Who sent the request, and their gang (Refusal otherwise). The requester's pod is always read afresh.
+        With `shared` (a credential call) the gang's anchor may be a copy read up to ANCHOR_TTL seconds ago, but
+        only when the requester's own controller, read now, is that copy's workload, uid included: then the copy
+        names the gang the requester's own pod names (the key cannot be an earlier job's), and it cannot refuse
+        or 503 the requester either. Every other requester is judged on an anchor read after its request began."""
+        began = self.anchors.clock()
+        place = place_of(*await self._who(token))
+        anchor = await self._anchor(place, None if shared else began)
+        if anchor.started < began and not anchor.value.vouched_by(place):
+            anchor = await self._anchor(place, began)
+        return await self._decide(place, anchor.value, began)
+
+    async def _who(self, token: str) -> tuple[Identity, dict | None]:
+        """The token's identity (TokenReview, or its remembered answer) and that pod as read now. Without a
+        remembered answer the pod the token claims is read alongside the review, and used only when the review
+        names that very pod."""
+        authority, known = self.authority, self.reviews.get(token)
+        if known is not None:
+            identity = identity_from_review(known)
+            return identity, await authority.get_pod(identity.namespace, identity.pod)
+        claims = token_claims(token)
+        if claims is None:
+            status = await authority.review_token(token)
+            self.reviews.put(token, status or {}, None)
+            return (identity := identity_from_review(status)), await authority.get_pod(identity.namespace,
+                                                                                        identity.pod)
+        status, pod = await asyncio.gather(authority.review_token(token),
+                                           authority.get_pod(claims.namespace, claims.pod), return_exceptions=True)
+        if isinstance(status, BaseException):
+            raise status
+        self.reviews.put(token, status or {}, claims.expires)
+        identity = identity_from_review(status)
+        if (identity.namespace, identity.pod) != (claims.namespace, claims.pod):
+            return identity, await authority.get_pod(identity.namespace, identity.pod)
+        if isinstance(pod, BaseException):
+            raise pod
+        return identity, pod
+
+    async def _anchor(self, place: Place, fresh_after: float | None) -> Read:
+        """The gang's anchor, shared by concurrent requests of the gang (one read for all of them)."""
+        key = ("anchor", place.namespace, place.job, place.anchor_hostname)
+        return await self.anchors.get(key, lambda: self._read_anchor(place), fresh_after)
+
+    async def _read_anchor(self, place: Place) -> Anchor:
         authority = self.authority
-        identity = identity_from_review(await authority.review_token(token))
-        place = place_of(identity, await authority.get_pod(identity.namespace, identity.pod))
         named = await authority.get_pod(place.namespace, place.anchor_hostname)
         try:
-            anchor = pick_anchor(place, [named] if named else [])
+            pod = pick_anchor(place, [named] if named else [])
         except Refusal:  # rank 0's pod is not named after its hostname (a Job's, a bare pod's): look by label
-            anchor = pick_anchor(place, await authority.list_gang_pods(place.namespace, place.job))
-        owner_meta = anchor.get("metadata") or {}
-        anchor_ref = next((WorkloadRef(r.get("kind", ""), r.get("name", ""), r.get("uid", ""))
-                           for r in owner_meta.get("ownerReferences") or [] if r.get("controller")), None)
-        anchor_workload = None
-        if anchor_ref is not None and anchor_ref.kind in WORKLOAD_KINDS:
-            anchor_workload = await authority.get_workload(place.namespace, anchor_ref.kind, anchor_ref.name)
+            pod = pick_anchor(place, await authority.list_gang_pods(place.namespace, place.job))
+        owner_meta = pod.get("metadata") or {}
+        ref = next((WorkloadRef(r.get("kind", ""), r.get("name", ""), r.get("uid", ""))
+                    for r in owner_meta.get("ownerReferences") or [] if r.get("controller")), None)
+        workload = None
+        if ref is not None and ref.kind in WORKLOAD_KINDS:
+            workload = await authority.get_workload(place.namespace, ref.kind, ref.name)
+        return Anchor(pod, ref, workload)
+
+    async def _decide(self, place: Place, anchor: Anchor, began: float) -> Verified:
         own = None
-        if place.owner is not None and place.owner != anchor_ref and place.owner.kind in WORKLOAD_KINDS:
-            own = await authority.get_workload(place.namespace, place.owner.kind, place.owner.name)
-        return Verified(place, decide(place, anchor, anchor_workload, own), anchor_workload)
+        owner = place.owner
+        if owner is not None and owner != anchor.ref and owner.kind in WORKLOAD_KINDS:  # another role's workload
+            own = (await self.anchors.get(("workload", place.namespace, owner.kind, owner.name),
+                                          lambda: self.authority.get_workload(place.namespace, owner.kind,
+                                                                              owner.name), began)).value
+        return Verified(place, decide(place, anchor.pod, anchor.workload, own), anchor.workload)
 
     # --- what the calls do, once verified --------------------------------------------------------------------
     def credential(self, verified: Verified) -> dict:
@@ -267,8 +336,9 @@ def refusal_answer(notary: Notary, who: str, status: int, reason: str) -> web.Re
     return web.json_response({"error": reason}, status=status, headers=headers)
 
 
-def handler(action):
-    """Wrap an action(notary, verified, body) into a handler: authenticate, verify, map errors to statuses."""
+def handler(action, shared: bool = False):
+    """Wrap an action(notary, verified, body) into a handler: authenticate, verify, map errors to statuses.
+    `shared`: the action may be judged on a recent copy of the gang's anchor (Notary.verify says when)."""
 
     async def handle(request: web.Request) -> web.Response:
         notary = request.app[NOTARY]
@@ -276,7 +346,7 @@ def handler(action):
         try:
             token = bearer_token(request)
             body = await read_json(request) if request.method == "POST" else None
-            verified = await notary.verify(token)
+            verified = await notary.verify(token, shared)
             who = f"{verified.place.namespace}/{verified.place.pod}"
             return web.json_response(await action(notary, verified, body))
         except Refusal as e:
@@ -320,86 +390,8 @@ async def post_event(notary: Notary, verified: Verified, body: object) -> dict:
 def create_app(notary: Notary) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     app[NOTARY] = notary
-    app.router.add_post("/v1/credential", handler(credential))
+    app.router.add_post("/v1/credential", handler(credential, shared=True))
     app.router.add_get("/v1/outcome", handler(get_outcome))
     app.router.add_post("/v1/outcome", handler(post_outcome))
     app.router.add_post("/v1/event", handler(post_event))
     return app
-
-
-# --- Settings: flags, the URL gang pods dial, the CA that verifies it -------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("notary", "the gang members' notary (docs/security.md): their signing key, "
-                                      "and the outcome recorded on their behalf")
-    group.add_argument("--notary-authority", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY", "none"),
-                       help="none (no notary), cluster (TokenReview and the API server, in-cluster or "
-                            "KUBECONFIG) or local:RUN_DIR (a trainhook local run's files) "
-                            "(env TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY)")
-    group.add_argument("--notary-port", type=int, default=int(os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_PORT",
-                                                                             DEFAULT_PORT)),
-                       help=f"the notary's HTTPS port (env TRAINHOOK_WEBHOOK_NOTARY_PORT; default {DEFAULT_PORT})")
-    group.add_argument("--notary-url", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_URL", ""),
-                       help="the notary's base URL as gang pods dial it, injected as TRAINHOOK_NOTARY "
-                            "(env TRAINHOOK_WEBHOOK_NOTARY_URL; the chart sets "
-                            "https://<service>.<namespace>.svc:<port>)")
-    group.add_argument("--notary-ca-file", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_CA_FILE", ""),
-                       help="PEM CA bundle gang pods verify the notary with (env TRAINHOOK_WEBHOOK_NOTARY_CA_FILE, "
-                            "or the PEM itself in TRAINHOOK_WEBHOOK_NOTARY_CA; default: the certificate mode's "
-                            "ca.crt)")
-
-
-def check_arguments(args: argparse.Namespace) -> str | None:
-    """Why the notary flags cannot work, or None."""
-    authority = args.notary_authority
-    if authority.startswith("local:"):  # trainhook local's run directory (webhook/notary_local.py)
-        if not Path(authority[len("local:"):]).is_dir():
-            return (f"--notary-authority {authority!r}: local:DIR names the directory of a trainhook local run, "
-                    "and there is no such directory")
-    elif authority not in ("none", "cluster"):
-        return f"--notary-authority {authority!r}: use none, cluster or local:DIR"
-    if not 0 < args.notary_port < 65536:
-        return f"--notary-port {args.notary_port}: use a TCP port from 1 to 65535"
-    return None
-
-
-class FileText:
-    """A small text file read again only when it changes (a stat per call: cheap enough for every admission,
-    and no API call); "" while it does not exist."""
-
-    def __init__(self, path: Path):
-        self.path, self.seen, self.text = path, None, ""
-
-    def __call__(self) -> str:
-        try:
-            stat = self.path.stat()
-            if (stat.st_mtime_ns, stat.st_size) != self.seen:
-                self.text, self.seen = self.path.read_text(), (stat.st_mtime_ns, stat.st_size)
-        except OSError:
-            self.text, self.seen = "", None
-        return self.text
-
-
-def notary_settings(settings: Settings, args: argparse.Namespace) -> Settings:
-    """`settings` with the notary's URL and CA: the CA file named, else the PEM in the environment (certificate
-    mode `secret`: the chart's caBundle), else the mode's own ca.crt (self-managed: the one its cert dir keeps from
-    the Secret; cert-manager: the mounted Secret's, beside tls.crt)."""
-    if args.notary_authority == "none":
-        return settings
-    if args.notary_ca_file:
-        ca = FileText(Path(args.notary_ca_file))
-    elif os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_CA"):
-        ca = os.environ["TRAINHOOK_WEBHOOK_NOTARY_CA"]
-    elif args.certs.mode == "self-managed":
-        ca = FileText(Path(args.certs.cert_dir) / "ca.crt")
-    else:
-        ca = FileText(Path(args.certs.cert_file or ".").with_name("ca.crt"))
-    return replace(settings, notary_url=args.notary_url, notary_ca=ca)
-
-
-def authority_from(args: argparse.Namespace, api_client=None) -> Authority:
-    if args.notary_authority.startswith("local:"):
-        from trainhook.webhook.notary_local import LocalAuthority
-        return LocalAuthority(Path(args.notary_authority[len("local:"):]))
-    from trainhook.webhook.notary_cluster import ClusterAuthority
-    from trainhook.webhook.selfcerts import kube_client
-    return ClusterAuthority(api_client or kube_client())

@@ -9,7 +9,10 @@ the mutation can never disagree on who is rank 0. The I/O that feeds these funct
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
+import json
 from dataclasses import dataclass
 
 from trainhook import keys
@@ -105,6 +108,43 @@ def identity_from_review(status: dict | None) -> Identity:
         raise Refusal(401, f"the token of {namespace}/{service_account} is not bound to a pod: use the projected "
                            f"token the webhook mounts at {keys.IDENTITY_DIR}/token")
     return Identity(namespace, service_account, pod, uid)
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What a pod-bound ServiceAccount token (a JWT) says of itself, read WITHOUT checking its signature: a hint
+    only. The notary uses it to GET the pod alongside the TokenReview (the GET is used only when the review names
+    the same pod) and, once the review has authenticated this very token, for how long to remember that answer."""
+
+    namespace: str
+    pod: str
+    audiences: tuple[str, ...]
+    expires: float | None  # seconds since the epoch (`exp`)
+
+
+def token_claims(token: str) -> Claims | None:
+    """The claims of a pod-bound ServiceAccount token (`kubernetes.io: {namespace, pod: {name}}`, `aud`, `exp`),
+    or None when the token is no JWT naming a pod (such a token can never name a pod in a TokenReview either)."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, ValueError):  # json's errors and UnicodeDecodeError are ValueErrors
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("kubernetes.io"), dict):
+        return None
+    kube = payload["kubernetes.io"]
+    pod = kube.get("pod") if isinstance(kube.get("pod"), dict) else {}
+    namespace, name = kube.get("namespace"), pod.get("name")
+    if not (isinstance(namespace, str) and namespace and isinstance(name, str) and name):
+        return None
+    aud = payload.get("aud")
+    audiences = (aud,) if isinstance(aud, str) else tuple(a for a in aud if isinstance(a, str)) \
+        if isinstance(aud, list) else ()
+    exp = payload.get("exp")
+    return Claims(namespace, name, audiences,
+                  float(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) else None)
 
 
 def _owner_ref(pod: dict) -> WorkloadRef | None:

@@ -1,0 +1,193 @@
+"""The notary's caches against a real kube-apiserver (v1.20, started by the tests): the rules of
+webhook/notary_cache.py and Notary.verify, each tried where a stale copy would give the wrong answer.
+
+The notary runs in this process (webhook/notary.py's Notary over the real ClusterAuthority, the admin's
+credentials), so each test can set the caches' lifetimes far beyond the defaults (a recreated job within them),
+look at what is kept, and count the API calls the authority makes (a subclass that counts, then calls the real
+API server). The HTTP layer around it is the one test_notary_cluster.py drives through the webhook process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+from kubernetes import client
+
+from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
+from helpers import wait_for
+from test_notary_cluster import GANG_KEY, create_gang, expected_key, imposter_pod, pod_token
+
+from trainhook.webhook.notary import Notary
+from trainhook.webhook.notary_cache import ReviewCache, SharedReads
+from trainhook.webhook.notary_cluster import ClusterAuthority
+from trainhook.webhook.notary_membership import Refusal
+
+LONG = 600.0  # seconds: every step of a test happens within the caches' lifetime
+
+
+class CountingAuthority(ClusterAuthority):
+    """The real cluster authority, counting its API calls by kind."""
+
+    def __init__(self, api):
+        super().__init__(api)
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    async def _call(self, method, path, body=None, content_type="application/json", query=None):
+        kind = ("review" if "tokenreviews" in path else "pods" if query else
+                "pod" if "/pods/" in path else "workload" if "/statefulsets/" in path or "/jobs/" in path else path)
+        self.calls[kind] += 1
+        return await super()._call(method, path, body, content_type, query)
+
+
+@pytest.fixture
+def notary(control_plane):  # noqa: F811
+    api = control_plane.api_client()
+    authority = CountingAuthority(api)
+    notary = Notary(authority, GANG_KEY, reviews=ReviewCache(max_age=LONG), anchors=SharedReads(ttl=LONG))
+    yield notary
+    authority.threads.shutdown()
+    api.close()
+
+
+def credential(notary: Notary, token: str) -> dict:
+    """POST /v1/credential's answer, as its handler computes it (a Refusal as raised)."""
+    return notary.credential(asyncio.run(notary.verify(token, shared=True)))
+
+
+def refusal(notary: Notary, token: str, shared: bool = True) -> Refusal:
+    with pytest.raises(Refusal) as caught:
+        asyncio.run(notary.verify(token, shared))
+    return caught.value
+
+
+def test_a_gangs_members_share_one_anchor_read_and_their_reviews_are_kept(notary, control_plane,
+                                                                           k8s_namespace):  # noqa: F811
+    api = control_plane.api_client()
+    sts = create_gang(api, k8s_namespace, "burst", replicas=8)
+    tokens = [pod_token(api, k8s_namespace, f"burst-{i}") for i in range(8)]
+
+    async def together():
+        return await asyncio.gather(*(notary.verify(token, shared=True) for token in tokens))
+
+    gang, key = expected_key(k8s_namespace, "burst", sts["metadata"]["uid"])
+    assert {notary.credential(v)["key"] for v in asyncio.run(together())} == {key}
+    calls = notary.authority.calls
+    # Before: 8 reviews, 16 pod GETs (each member's own and rank 0's), 8 StatefulSet GETs.
+    assert calls == {"review": 8, "pod": 9, "workload": 1}, calls
+    calls.clear()
+    assert {notary.credential(v)["key"] for v in asyncio.run(together())} == {key}
+    assert calls == {"pod": 8}, calls  # each member's own pod, read afresh every time: nothing else
+    calls.clear()
+    assert asyncio.run(notary.verify(tokens[0])).gang.coordinator  # outcome and event calls: a fresh anchor
+    assert calls == {"pod": 2, "workload": 1}, calls
+
+
+def test_a_job_recreated_within_the_caches_lifetime_gets_the_new_key_and_old_tokens_are_refused(
+        notary, control_plane, k8s_namespace):  # noqa: F811
+    api = control_plane.api_client()
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    first = create_gang(api, k8s_namespace, "again")
+    old_tokens = {pod: pod_token(api, k8s_namespace, pod) for pod in ("again-0", "again-1")}
+    old_key = expected_key(k8s_namespace, "again", first["metadata"]["uid"])[1]
+    assert {credential(notary, token)["key"] for token in old_tokens.values()} == {old_key}
+
+    apps.delete_namespaced_stateful_set("again", k8s_namespace, propagation_policy="Foreground")
+    wait_for("the old gang's pods to be gone", lambda: not core.list_namespaced_pod(
+        k8s_namespace, label_selector="app=again").items, timeout=60)
+    wait_for("the old StatefulSet to be gone", lambda: not apps.list_namespaced_stateful_set(k8s_namespace).items)
+    second = create_gang(api, k8s_namespace, "again")
+    [kept] = [read for _, read in notary.anchors.kept.items.values()]
+    assert kept.value.ref.uid == first["metadata"]["uid"]  # the copy the new members would be judged on is stale
+
+    for pod in ("again-1", "again-0"):
+        answer = credential(notary, pod_token(api, k8s_namespace, pod))
+        assert answer == {"namespace": k8s_namespace, "job": "again", "key": expected_key(
+            k8s_namespace, "again", second["metadata"]["uid"])[1],
+            "gang": expected_key(k8s_namespace, "again", second["metadata"]["uid"])[0]}
+
+    # The old pods' tokens: their reviews are kept (no TokenReview is made), and the uid check on the pod read
+    # afresh refuses them, as it refuses a v1.20 TokenReview's own answer for them.
+    notary.authority.calls.clear()
+    for token in old_tokens.values():
+        stale = refusal(notary, token)
+        assert stale.status == 403 and "not the pod the token was issued to" in stale.reason
+    assert notary.authority.calls["review"] == 0 and notary.authority.calls["pod"] == 2
+
+    # A pod deleted with no successor: its kept review names a pod that no longer exists.
+    gone_token = pod_token(api, k8s_namespace, "again-1")
+    assert credential(notary, gone_token)["key"] != old_key
+    apps.patch_namespaced_stateful_set_scale("again", k8s_namespace, {"spec": {"replicas": 1}})
+    wait_for("again-1 to be gone", lambda: [p.metadata.name for p in core.list_namespaced_pod(
+        k8s_namespace, label_selector="app=again").items] == ["again-0"], timeout=60)
+    notary.authority.calls.clear()
+    gone = refusal(notary, gone_token)
+    assert gone.status == 403 and "does not exist" in gone.reason
+    assert notary.authority.calls["review"] == 0
+
+
+def test_a_replaced_rank_0_and_a_labeled_non_member_are_judged_on_fresh_reads(notary, control_plane,
+                                                                               k8s_namespace):  # noqa: F811
+    api = control_plane.api_client()
+    core = client.CoreV1Api(api)
+    sts = create_gang(api, k8s_namespace, "swap")
+    key = expected_key(k8s_namespace, "swap", sts["metadata"]["uid"])[1]
+    old_rank0 = pod_token(api, k8s_namespace, "swap-0")
+    assert credential(notary, old_rank0)["key"] == key
+    assert credential(notary, pod_token(api, k8s_namespace, "swap-1"))["key"] == key
+    old_uid = core.read_namespaced_pod("swap-0", k8s_namespace).metadata.uid
+    core.delete_namespaced_pod("swap-0", k8s_namespace)
+    wait_for("the StatefulSet's new swap-0", lambda: any(
+        p.metadata.name == "swap-0" and p.metadata.uid != old_uid
+        for p in core.list_namespaced_pod(k8s_namespace, label_selector="app=swap").items), timeout=60)
+    new_rank0 = pod_token(api, k8s_namespace, "swap-0")
+    assert credential(notary, new_rank0)["key"] == key  # the same gang: its own pod vouches for the kept anchor
+    verified = asyncio.run(notary.verify(new_rank0))  # an outcome or event call: rank 0's pod read afresh
+    assert verified.gang.coordinator and verified.gang.anchor_pod == "swap-0"
+    assert refusal(notary, old_rank0).status == 403
+
+    # A bare pod that copies the gang's labels is refused while the gang's anchor is kept: it has no controller,
+    # so nothing vouches for the copy, and it is judged on a fresh read.
+    core.create_namespaced_pod(k8s_namespace, imposter_pod("swap", 1, "imposter"))
+    refused = refusal(notary, pod_token(api, k8s_namespace, "imposter"))
+    assert refused.status == 403 and "rank 0 is swap-0" in refused.reason
+
+
+def test_a_flood_of_bogus_tokens_costs_no_review_and_keeps_the_caches_bounded(control_plane,
+                                                                               k8s_namespace):  # noqa: F811
+    api = control_plane.api_client()
+    authority = CountingAuthority(api)
+    notary = Notary(authority, GANG_KEY, reviews=ReviewCache(size=16, refusals=64), anchors=SharedReads(size=8))
+    create_gang(api, k8s_namespace, "flooded")
+    member = pod_token(api, k8s_namespace, "flooded-1")
+    key = credential(notary, member)["key"]
+    header, payload, _ = member.split(".")
+
+    async def flood(tokens: list[str]) -> collections.Counter:
+        async def one(token):
+            try:
+                await notary.verify(token, shared=True)
+                return "accepted"
+            except Refusal as e:
+                return e.status
+        answers = collections.Counter()
+        for start in range(0, len(tokens), 50):
+            answers.update(await asyncio.gather(*(one(t) for t in tokens[start:start + 50])))
+        return answers
+
+    authority.calls.clear()
+    garbage = [f"garbage-{n}" for n in range(3000)] + [f"{header}.e30.sig{n}" for n in range(1000)]
+    assert asyncio.run(flood(garbage)) == {401: 4000}
+    assert authority.calls == {}, authority.calls  # not a JWT naming a pod: refused without asking
+    # The member's own claims with a forged signature: the API server is asked, each is refused and kept as
+    # a refusal, within the refusals' bound; the member's kept answer stays.
+    forged = [f"{header}.{payload}.forged{n}" for n in range(200)]
+    assert asyncio.run(flood(forged)) == {401: 200}
+    assert authority.calls["review"] == 200
+    assert len(notary.reviews.refused) == 64 and len(notary.reviews.authenticated) == 1
+    assert len(notary.anchors) == 1 and not notary.anchors.flying
+    authority.calls.clear()
+    assert credential(notary, member)["key"] == key
+    assert authority.calls == {"pod": 1}, authority.calls
+    authority.threads.shutdown()

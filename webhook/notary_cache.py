@@ -1,0 +1,150 @@
+"""What the notary remembers between requests, so that a gang's N members starting together do not cost the API
+server 4N calls (docs/performance.md, "The notary at gang start"; docs/security.md, "What the notary caches").
+
+- `ReviewCache`: TokenReview answers, keyed by the SHA-256 of the token (the token itself is not kept). An
+  authenticated answer is kept until shortly before the token expires, and at most MAX_REVIEW_AGE; a refusal for
+  NEGATIVE_AGE (a misconfigured launcher retries every 0.2-2 s). Each kind in its own LRU with its own bound: a
+  flood of distinct bogus tokens can fill only the refusals' share, never push a member's answer out, and never
+  grow memory past the bounds. What a cached answer cannot vouch for is re-checked on every request: the pod the
+  token names is read afresh (its uid must be the token's), so a deleted pod's token is refused as before.
+- `SharedReads`: single-flight reads with a short lifetime. Concurrent callers that need the same read (a gang's
+  anchor: rank 0's pod and its workload) share one API call; the result is kept for `ttl` seconds for callers
+  that accept a recent copy, and a caller that must judge on data read after its own request began passes
+  `fresh_after` (it then joins only a read that started since, or starts one).
+
+Every structure is bounded by a count; the single-flight table holds only reads in flight (bounded by the
+requests in flight, which the listener's connection cap bounds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+MAX_REVIEW_AGE = 120.0  # seconds; Kubernetes' own webhook token cache keeps an answer 2 minutes by default
+EXPIRY_MARGIN = 30.0  # an answer is dropped this long before its token expires
+NEGATIVE_AGE = 10.0
+MAX_REVIEWS = 4096  # authenticated answers: one a member pod, a few hundred bytes each
+MAX_REFUSALS = 1024
+ANCHOR_TTL = 5.0  # seconds a gang's anchor, once read, serves its members' credential calls
+MAX_READS = 1024  # gangs whose anchor is remembered (a pod and a workload each, some KB)
+
+
+class _Expiring:
+    """An LRU of values that expire (monotonic deadlines), at most `size` of them."""
+
+    def __init__(self, size: int, clock: Callable[[], float]):
+        self.size, self.clock = size, clock
+        self.items: collections.OrderedDict[Hashable, tuple[float, Any]] = collections.OrderedDict()
+
+    def get(self, key: Hashable) -> Any | None:
+        item = self.items.get(key)
+        if item is None:
+            return None
+        if item[0] <= self.clock():
+            del self.items[key]
+            return None
+        self.items.move_to_end(key)
+        return item[1]
+
+    def put(self, key: Hashable, value: Any, deadline: float) -> None:
+        self.items[key] = (deadline, value)
+        self.items.move_to_end(key)
+        while len(self.items) > self.size:
+            self.items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class ReviewCache:
+    """TokenReview answers by the token's SHA-256: authenticated ones until shortly before the token expires
+    (never longer than `max_age`), refusals for `negative_age`; each kind bounded on its own."""
+
+    def __init__(self, max_age: float = MAX_REVIEW_AGE, negative_age: float = NEGATIVE_AGE,
+                 size: int = MAX_REVIEWS, refusals: int = MAX_REFUSALS, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
+        self.max_age, self.negative_age, self.wall = max_age, negative_age, wall
+        self.authenticated, self.refused = _Expiring(size, clock), _Expiring(refusals, clock)
+        self.clock = clock
+
+    @staticmethod
+    def digest(token: str) -> bytes:
+        return hashlib.sha256(token.encode()).digest()
+
+    def get(self, token: str) -> dict | None:
+        digest = self.digest(token)
+        return self.authenticated.get(digest) or self.refused.get(digest)
+
+    def put(self, token: str, status: dict, expires: float | None) -> None:
+        """Remember `status`, the review of `token`; `expires` is the token's own `exp` (seconds since the
+        epoch): an authenticated answer of a token without one (that never expires, or is not a JWT) is not
+        kept, so nothing outlives what the API server itself would still accept."""
+        digest = self.digest(token)
+        if not status.get("authenticated"):
+            self.refused.put(digest, status, self.clock() + self.negative_age)
+            return
+        if expires is None:
+            return
+        age = min(self.max_age, expires - self.wall() - EXPIRY_MARGIN)
+        if age > 0:
+            self.authenticated.put(digest, status, self.clock() + age)
+
+    def __len__(self) -> int:
+        return len(self.authenticated) + len(self.refused)
+
+
+@dataclass(frozen=True)
+class Read:
+    """A shared read's value and when the read began (monotonic): it shows the API's state as of then, or later."""
+
+    value: Any
+    started: float
+
+
+class SharedReads:
+    """Single-flight reads kept for `ttl` seconds (see the module docstring); at most `size` kept."""
+
+    def __init__(self, ttl: float = ANCHOR_TTL, size: int = MAX_READS, clock: Callable[[], float] = time.monotonic):
+        self.ttl, self.clock = ttl, clock
+        self.kept = _Expiring(size, clock)
+        self.flying: dict[Hashable, tuple[float, asyncio.Future]] = {}
+
+    async def get(self, key: Hashable, read: Callable[[], Awaitable[Any]], fresh_after: float | None = None) -> Read:
+        """The value of `read()` for `key`: a kept one (only when `fresh_after` is None), or one being read that
+        began at or after `fresh_after`, or a new read. A read's error goes to every caller sharing it and is not
+        kept. The read goes on when a caller is cancelled (the others still wait on it)."""
+        if fresh_after is None:
+            kept = self.kept.get(key)
+            if kept is not None:
+                return kept
+        flying = self.flying.get(key)
+        if flying is None or (fresh_after is not None and flying[0] < fresh_after):
+            started = self.clock()
+            task = asyncio.ensure_future(read())
+            flying = (started, task)
+            self.flying[key] = flying
+            task.add_done_callback(lambda done, key=key, entry=flying: self._landed(key, entry))
+        value = await asyncio.shield(flying[1])
+        return Read(value, flying[0])
+
+    def _landed(self, key: Hashable, entry: tuple[float, asyncio.Future]) -> None:
+        started, task = entry
+        if self.flying.get(key) is entry:
+            del self.flying[key]
+        if task.cancelled() or task.exception() is not None:  # retrieved: no "never retrieved" warning
+            return
+        kept = self.kept.items.get(key)
+        if kept is None or kept[1].started <= started:  # never replace a newer read with an older one
+            self.kept.put(key, Read(task.result(), started), started + self.ttl)
+
+    def forget(self, key: Hashable) -> None:
+        self.kept.items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self.kept)
