@@ -1,9 +1,9 @@
-"""MPI gangs on the node, over the kubexec transport and over ssh.
+"""MPI gangs on the node, over the default (gang) transport and over ssh, with no exec permission granted to anyone
+(issue 22: the chart binds nothing to training ServiceAccounts).
 
-Over kubexec: the launcher's rsh agent starts Open MPI's daemons in the
-worker pods through the real exec API (the API server to the kubelet, over a websocket the launcher's standard
-library speaks: launcher/kube_api.py), with the user's MPI image (Debian's Open MPI and mpi4py, nothing of
-trainhook). examples/mpi/allreduce.yaml's gang as one StatefulSet (v1.20 has no Indexed Jobs): pod 0 launches,
+Over the gang transport: the launcher's rsh agent asks each worker's own `trainhook-launch mpi-worker` (over the
+gang's authenticated channel, through the launcher's private doorway) to start Open MPI's daemons in the worker
+pods: no API call, no sshd, with the user's MPI image (Debian's Open MPI and mpi4py, nothing of trainhook). examples/mpi/allreduce.yaml's gang as one StatefulSet (v1.20 has no Indexed Jobs): pod 0 launches,
 every member parks once mpirun is done, the outcome is recorded and the StatefulSet scaled to zero."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from e2e_helpers import LogFollower, REPO, b64, shown_on_failure, wait_for
 NAME = "mpi-allreduce"
 
 
-def test_an_mpi_gang_runs_its_ranks_in_the_worker_pods_through_the_exec_api(node, release):
+def test_an_mpi_gang_runs_its_ranks_in_the_worker_pods_over_the_gang_transport_with_no_exec_grant(node, release):
     script = [d for d in yaml.safe_load_all((REPO / "examples" / "mpi" / "allreduce.yaml").read_text())
               if d and d["kind"] == "ConfigMap"][0]["data"]["allreduce.py"]
     objects = statefulset_gang(NAME, node.images["mpi"], ["python3", "-c", script], 3, framework="mpi")
@@ -38,7 +38,10 @@ def test_an_mpi_gang_runs_its_ranks_in_the_worker_pods_through_the_exec_api(node
         with shown_on_failure(node, NAMESPACE, {f"{NAME}-0": follower}):
             sts = wait_for(done, 180, "the MPI gang to succeed", interval=2)
         text = follower.text
-        assert "OpenMPI, kubexec transport" in text
+        assert "OpenMPI, gang transport" in text
+        # Nobody in the namespace may exec into the workers: the ranks above ran without that right.
+        assert node.kubectl("auth", "can-i", f"--as=system:serviceaccount:{NAMESPACE}:default", "create",
+                            "pods/exec", "-n", NAMESPACE, check=False).strip() == "no"
         assert re.search(rf"allreduce over 3 ranks on 3 hosts \({NAME}-0, {NAME}-1, {NAME}-2\): sum=6 expected=6",
                          text), text[-3000:]
         assert "mpi library: Open MPI" in text

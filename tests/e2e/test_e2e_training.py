@@ -13,6 +13,7 @@ bind to the training role (so the launcher may record the outcome and scale the 
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -58,7 +59,10 @@ def test_the_pytorch_ddp_example_trains_across_four_pods(node, release):
         (launcher,) = [v for v in spec["volumes"] if v["name"] == "trainhook-launcher"]
         config_map = json.loads(node.kubectl("get", "configmap", launcher["configMap"]["name"], "-n", NAMESPACE,
                                              "-o", "json"))
-        assert set(config_map["binaryData"]) == {"launcher.pyz"} and set(config_map["data"]) == {"trainhook-launch"}
+        # The webhook image's static entry program (no shell needed) and the launcher's zip, both binary.
+        assert set(config_map["binaryData"]) == {"launcher.pyz", "trainhook-launch"}, sorted(config_map)
+        assert not config_map.get("data"), config_map.get("data")
+        assert base64.b64decode(config_map["binaryData"]["trainhook-launch"])[:4] == b"\x7fELF"
 
         def finished():
             sts = json.loads(node.kubectl("get", "statefulset", "ddp", "-n", NAMESPACE, "-o", "json"))
