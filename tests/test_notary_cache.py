@@ -72,6 +72,18 @@ def test_refusals_are_kept_briefly_and_a_flood_of_them_never_pushes_a_members_an
     assert len(cache.authenticated) == 4  # authenticated answers are bounded too
 
 
+def test_expired_answers_do_not_linger_in_a_quiet_cache():
+    clock = Clock()
+    cache = ReviewCache(negative_age=10, clock=clock, wall=clock.wall)
+    for n in range(500):
+        cache.put(f"burst-{n}", {"authenticated": False}, expires=None)
+    clock.advance(11)
+    cache.put("later", {"authenticated": False}, expires=None)  # the burst expired: dropped as the cache moves on
+    assert len(cache.refused) == 1
+    cache.put("already-expired", AUTHENTICATED, expires=clock.wall() + EXPIRY_MARGIN)
+    assert len(cache.authenticated) == 0
+
+
 def test_the_cache_keeps_digests_not_tokens():
     cache = ReviewCache()
     cache.put("secret-token-value", AUTHENTICATED, expires=None)
@@ -164,6 +176,8 @@ def test_kept_reads_are_bounded():
         for n in range(100):
             await shared.get(("gang", n), read)
         assert len(shared) == 8
+        slow = SharedReads(ttl=0)  # a read slower than the lifetime: answered, and not kept
+        assert (await slow.get("gang", read)).value == "x" and len(slow) == 0
     asyncio.run(scenario())
 
 

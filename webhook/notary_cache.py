@@ -29,10 +29,10 @@ from typing import Any
 MAX_REVIEW_AGE = 120.0  # seconds; Kubernetes' own webhook token cache keeps an answer 2 minutes by default
 EXPIRY_MARGIN = 30.0  # an answer is dropped this long before its token expires
 NEGATIVE_AGE = 10.0
-MAX_REVIEWS = 4096  # authenticated answers: one a member pod, a few hundred bytes each
+MAX_REVIEWS = 4096  # authenticated answers: one a member pod, about 2 KB each as dicts
 MAX_REFUSALS = 1024
 ANCHOR_TTL = 5.0  # seconds a gang's anchor, once read, serves its members' credential calls
-MAX_READS = 1024  # gangs whose anchor is remembered (a pod and a workload each, some KB)
+MAX_READS = 256  # gangs whose anchor is remembered: a pod and a workload each, up to about 80 KB as dicts
 
 
 class _Expiring:
@@ -53,9 +53,12 @@ class _Expiring:
         return item[1]
 
     def put(self, key: Hashable, value: Any, deadline: float) -> None:
+        """Keep `value` until `deadline`; the least recently used go first when over `size`, and expired ones at
+        the old end are dropped as they are passed, so a quiet cache does not hold its last burst for hours."""
         self.items[key] = (deadline, value)
         self.items.move_to_end(key)
-        while len(self.items) > self.size:
+        now = self.clock()
+        while self.items and (len(self.items) > self.size or next(iter(self.items.values()))[0] <= now):
             self.items.popitem(last=False)
 
     def __len__(self) -> int:
