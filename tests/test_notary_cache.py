@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 
 import pytest
 
@@ -55,41 +56,37 @@ def test_an_authenticated_answer_lives_until_shortly_before_the_token_expires_an
     assert cache.get("long") is None  # the cap: 120 s after the review, whatever the token's exp
 
 
-def test_refusals_are_kept_briefly_and_a_flood_of_them_never_pushes_a_members_answer_out():
+def test_refusals_are_not_kept_and_authenticated_answers_are_bounded():
     clock = Clock()
-    cache = ReviewCache(negative_age=10, size=4, refusals=16, clock=clock, wall=clock.wall)
+    cache = ReviewCache(size=4, clock=clock, wall=clock.wall)
     cache.put("member", AUTHENTICATED, expires=clock.wall() + 3600)
-    for n in range(10_000):
+    for n in range(10_000):  # a flood of bogus tokens, or a member refused by an API server's hiccup
         cache.put(f"bogus-{n}", {"authenticated": False, "error": "invalid"}, expires=clock.wall() + 3600)
-    assert len(cache.refused) == 16 and len(cache) == 17
+    assert len(cache) == 1 and cache.get("bogus-9999") is None
     assert cache.get("member") == AUTHENTICATED
-    assert cache.get("bogus-9999") == {"authenticated": False, "error": "invalid"}
-    assert cache.get("bogus-0") is None  # pushed out by the later ones
-    clock.advance(10)
-    assert cache.get("bogus-9999") is None
     for n in range(10):
         cache.put(f"member-{n}", AUTHENTICATED, expires=clock.wall() + 3600)
-    assert len(cache.authenticated) == 4  # authenticated answers are bounded too
+    assert len(cache) == 4 and cache.get("member") is None  # the least recently used went first
+    assert cache.get("member-9") == AUTHENTICATED
 
 
 def test_expired_answers_do_not_linger_in_a_quiet_cache():
     clock = Clock()
-    cache = ReviewCache(negative_age=10, clock=clock, wall=clock.wall)
+    cache = ReviewCache(clock=clock, wall=clock.wall)
     for n in range(500):
-        cache.put(f"burst-{n}", {"authenticated": False}, expires=None)
+        cache.put(f"burst-{n}", AUTHENTICATED, expires=clock.wall() + EXPIRY_MARGIN + 10)
     clock.advance(11)
-    cache.put("later", {"authenticated": False}, expires=None)  # the burst expired: dropped as the cache moves on
-    assert len(cache.refused) == 1
+    cache.put("later", AUTHENTICATED, expires=clock.wall() + 3600)  # the burst expired: dropped as it moves on
+    assert len(cache) == 1
     cache.put("already-expired", AUTHENTICATED, expires=clock.wall() + EXPIRY_MARGIN)
-    assert len(cache.authenticated) == 0
+    assert len(cache) == 1
 
 
 def test_the_cache_keeps_digests_not_tokens():
     cache = ReviewCache()
-    cache.put("secret-token-value", AUTHENTICATED, expires=None)
-    cache.put("secret-token-value", {"authenticated": False}, expires=None)
-    assert all(isinstance(key, bytes) and len(key) == 32 for key in cache.refused.items)
-    assert "secret-token-value" not in repr(cache.refused.items)
+    cache.put("secret-token-value", AUTHENTICATED, expires=time.time() + 3600)
+    assert [len(key) for key in cache.authenticated.items] == [32]
+    assert "secret-token-value" not in repr(cache.authenticated.items)
 
 
 def test_concurrent_callers_share_one_read_and_later_ones_the_kept_copy():

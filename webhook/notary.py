@@ -176,11 +176,9 @@ class Notary:
             identity = identity_from_review(known)
             return identity, await authority.get_pod(identity.namespace, identity.pod)
         claims = token_claims(token)
-        if claims is None:
-            status = await authority.review_token(token)
-            self.reviews.put(token, status or {}, None)
-            return (identity := identity_from_review(status)), await authority.get_pod(identity.namespace,
-                                                                                        identity.pod)
+        if claims is None:  # not a JWT (a local run's tokens): nothing to read alongside, nothing to keep
+            identity = identity_from_review(await authority.review_token(token))
+            return identity, await authority.get_pod(identity.namespace, identity.pod)
         status, pod = await asyncio.gather(authority.review_token(token),
                                            authority.get_pod(claims.namespace, claims.pod), return_exceptions=True)
         if isinstance(status, BaseException):

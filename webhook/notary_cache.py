@@ -1,12 +1,13 @@
 """What the notary remembers between requests, so that a gang's N members starting together do not cost the API
 server 4N calls (docs/performance.md, "The notary at gang start"; docs/security.md, "What the notary caches").
 
-- `ReviewCache`: TokenReview answers, keyed by the SHA-256 of the token (the token itself is not kept). An
-  authenticated answer is kept until shortly before the token expires, and at most MAX_REVIEW_AGE; a refusal for
-  NEGATIVE_AGE (a misconfigured launcher retries every 0.2-2 s). Each kind in its own LRU with its own bound: a
-  flood of distinct bogus tokens can fill only the refusals' share, never push a member's answer out, and never
-  grow memory past the bounds. What a cached answer cannot vouch for is re-checked on every request: the pod the
-  token names is read afresh (its uid must be the token's), so a deleted pod's token is refused as before.
+- `ReviewCache`: authenticated TokenReview answers, keyed by the SHA-256 of the token (the token itself is not
+  kept), until shortly before the token expires and at most MAX_REVIEW_AGE, at most MAX_REVIEWS of them (LRU).
+  Refusals are not kept: a v1.20 TokenReview says "not authenticated" also when the API server failed to read
+  the token's pod or ServiceAccount, and a member refused by such a hiccup must be asked about again on its next
+  retry. So a flood of bogus tokens adds nothing here. What a kept answer cannot vouch for is re-checked on
+  every request: the pod the token names is read afresh (its uid must be the token's), so a deleted pod's token
+  is refused as before.
 - `SharedReads`: single-flight reads with a short lifetime. Concurrent callers that need the same read (a gang's
   anchor: rank 0's pod and its workload) share one API call; the result is kept for `ttl` seconds for callers
   that accept a recent copy, and a caller that must judge on data read after its own request began passes
@@ -28,9 +29,7 @@ from typing import Any
 
 MAX_REVIEW_AGE = 120.0  # seconds; Kubernetes' own webhook token cache keeps an answer 2 minutes by default
 EXPIRY_MARGIN = 30.0  # an answer is dropped this long before its token expires
-NEGATIVE_AGE = 10.0
 MAX_REVIEWS = 4096  # authenticated answers: one a member pod, about 2 KB each as dicts
-MAX_REFUSALS = 1024
 ANCHOR_TTL = 5.0  # seconds a gang's anchor, once read, serves its members' credential calls
 MAX_READS = 256  # gangs whose anchor is remembered: a pod and a workload each, up to about 80 KB as dicts
 
@@ -66,40 +65,33 @@ class _Expiring:
 
 
 class ReviewCache:
-    """TokenReview answers by the token's SHA-256: authenticated ones until shortly before the token expires
-    (never longer than `max_age`), refusals for `negative_age`; each kind bounded on its own."""
+    """Authenticated TokenReview answers by the token's SHA-256, until shortly before the token expires (never
+    longer than `max_age`), at most `size` of them."""
 
-    def __init__(self, max_age: float = MAX_REVIEW_AGE, negative_age: float = NEGATIVE_AGE,
-                 size: int = MAX_REVIEWS, refusals: int = MAX_REFUSALS, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time):
-        self.max_age, self.negative_age, self.wall = max_age, negative_age, wall
-        self.authenticated, self.refused = _Expiring(size, clock), _Expiring(refusals, clock)
-        self.clock = clock
+    def __init__(self, max_age: float = MAX_REVIEW_AGE, size: int = MAX_REVIEWS,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self.max_age, self.clock, self.wall = max_age, clock, wall
+        self.authenticated = _Expiring(size, clock)
 
     @staticmethod
     def digest(token: str) -> bytes:
         return hashlib.sha256(token.encode()).digest()
 
     def get(self, token: str) -> dict | None:
-        digest = self.digest(token)
-        return self.authenticated.get(digest) or self.refused.get(digest)
+        return self.authenticated.get(self.digest(token))
 
     def put(self, token: str, status: dict, expires: float | None) -> None:
-        """Remember `status`, the review of `token`; `expires` is the token's own `exp` (seconds since the
-        epoch): an authenticated answer of a token without one (that never expires, or is not a JWT) is not
-        kept, so nothing outlives what the API server itself would still accept."""
-        digest = self.digest(token)
-        if not status.get("authenticated"):
-            self.refused.put(digest, status, self.clock() + self.negative_age)
-            return
-        if expires is None:
+        """Remember `status`, the review of `token`, if it authenticated the token; `expires` is the token's own
+        `exp` (seconds since the epoch): the answer for a token without one (that never expires, or is not a
+        JWT) is not kept, so nothing outlives what the API server itself would still accept."""
+        if not status.get("authenticated") or expires is None:
             return
         age = min(self.max_age, expires - self.wall() - EXPIRY_MARGIN)
         if age > 0:
-            self.authenticated.put(digest, status, self.clock() + age)
+            self.authenticated.put(self.digest(token), status, self.clock() + age)
 
     def __len__(self) -> int:
-        return len(self.authenticated) + len(self.refused)
+        return len(self.authenticated)
 
 
 @dataclass(frozen=True)
