@@ -25,7 +25,6 @@ import collections
 import datetime as dt
 import json
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from trainhook.webhook.notary_cache import Read, ReviewCache, SharedReads
+from trainhook.webhook.notary_cache import Read, RefusalLog, ReviewCache, SharedReads
 from trainhook.webhook.notary_membership import (WORKLOAD_KINDS, Gang, Identity, Place, Refusal, WorkloadRef,
                                                  carries_job, decide, gang_key, gang_workloads, identity_from_review,
                                                  pick_anchor, place_of, token_claims)
@@ -81,35 +80,12 @@ class Authority(Protocol):
         """Create an Event; one that exists already (a retried record) is not an error."""
 
 
-class RefusalLog:
-    """Logs each (pod, reason) refusal once, and at most `rate` new ones per second: a pod retrying, or a flood of
-    forged requests, cannot fill the log."""
+class NoAnchor(Exception):
+    """A shared anchor read found no rank 0 to pick among `candidates` (each requester is told why itself)."""
 
-    def __init__(self, rate: float = 10.0, remember: int = 10_000):
-        self.rate, self.remember = rate, remember
-        self.seen: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
-        self.allowance, self.last = rate, time.monotonic()
-        self.suppressed = 0
-
-    def refused(self, pod: str, status: int, reason: str) -> bool:
-        """Log the refusal unless already logged or over the rate; True when it was logged."""
-        key = (pod, reason)
-        if key in self.seen:
-            return False
-        now = time.monotonic()
-        self.allowance = min(self.rate, self.allowance + (now - self.last) * self.rate)
-        self.last = now
-        if self.allowance < 1:
-            self.suppressed += 1
-            return False
-        self.allowance -= 1
-        self.seen[key] = None
-        while len(self.seen) > self.remember:
-            self.seen.popitem(last=False)
-        log.warning("notary refused", extra={"pod": pod, "status": status, "reason": reason,
-                                             "suppressed": self.suppressed})
-        self.suppressed = 0
-        return True
+    def __init__(self, candidates: list[dict]):
+        super().__init__("no anchor")
+        self.candidates = candidates
 
 
 @dataclass(frozen=True)
@@ -161,11 +137,17 @@ class Notary:
         names the gang the requester's own pod names (the key cannot be an earlier job's), and it cannot refuse
         or 503 the requester either. Every other requester is judged on an anchor read after its request began."""
         began = self.anchors.clock()
-        place = place_of(*await self._who(token))
-        anchor = await self._anchor(place, None if shared else began)
-        if anchor.started < began and not anchor.value.vouched_by(place):
-            anchor = await self._anchor(place, began)
-        return await self._decide(place, anchor.value, began)
+        identity, pod = await self._who(token)
+        try:
+            place = place_of(identity, pod)
+            anchor = await self._anchor(place, None if shared else began)
+            if anchor.started < began and not anchor.value.vouched_by(place):
+                anchor = await self._anchor(place, began)
+            return await self._decide(place, anchor.value, began)
+        except Refusal as e:  # a new one: a shared read's refusal is one object for all who shared it
+            refusal = Refusal(e.status, e.reason)
+            refusal.who = f"{identity.namespace}/{identity.pod}"
+            raise refusal from None
 
     async def _who(self, token: str) -> tuple[Identity, dict | None]:
         """The token's identity (TokenReview, or its remembered answer) and that pod as read now. Without a
@@ -192,9 +174,15 @@ class Notary:
         return identity, pod
 
     async def _anchor(self, place: Place, fresh_after: float | None) -> Read:
-        """The gang's anchor, shared by concurrent requests of the gang (one read for all of them)."""
+        """The gang's anchor, shared by concurrent requests of the gang (one read for all of them). The pick
+        depends on the key alone; a failed one is made again with each requester's own place, so its refusal
+        names that requester, not the one whose request started the read."""
         key = ("anchor", place.namespace, place.job, place.anchor_hostname)
-        return await self.anchors.get(key, lambda: self._read_anchor(place), fresh_after)
+        try:
+            return await self.anchors.get(key, lambda: self._read_anchor(place), fresh_after)
+        except NoAnchor as e:
+            pick_anchor(place, e.candidates)  # raises this requester's refusal
+            raise Refusal(503, f"rank 0's pod of gang {place.namespace}/{place.job} is not known yet") from None
 
     async def _read_anchor(self, place: Place) -> Anchor:
         authority = self.authority
@@ -202,7 +190,11 @@ class Notary:
         try:
             pod = pick_anchor(place, [named] if named else [])
         except Refusal:  # rank 0's pod is not named after its hostname (a Job's, a bare pod's): look by label
-            pod = pick_anchor(place, await authority.list_gang_pods(place.namespace, place.job))
+            candidates = await authority.list_gang_pods(place.namespace, place.job)
+            try:
+                pod = pick_anchor(place, candidates)
+            except Refusal:
+                raise NoAnchor(candidates) from None
         owner_meta = pod.get("metadata") or {}
         ref = next((WorkloadRef(r.get("kind", ""), r.get("name", ""), r.get("uid", ""))
                     for r in owner_meta.get("ownerReferences") or [] if r.get("controller")), None)
@@ -348,7 +340,7 @@ def handler(action, shared: bool = False):
             who = f"{verified.place.namespace}/{verified.place.pod}"
             return web.json_response(await action(notary, verified, body))
         except Refusal as e:
-            return refusal_answer(notary, who, e.status, e.reason)
+            return refusal_answer(notary, e.who or who, e.status, e.reason)
         except BadBody as e:
             return refusal_answer(notary, who, 400, str(e))
         except Unreachable as e:

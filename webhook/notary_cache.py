@@ -13,6 +13,8 @@ server 4N calls (docs/performance.md, "The notary at gang start"; docs/security.
   that accept a recent copy, and a caller that must judge on data read after its own request began passes
   `fresh_after` (it then joins only a read that started since, or starts one).
 
+- `RefusalLog`: which (pod, reason) refusals were logged already, so each is logged once and at a bounded rate.
+
 Every structure is bounded by a count; the single-flight table holds only reads in flight (bounded by the
 requests in flight, which the listener's connection cap bounds).
 """
@@ -22,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger("trainhook.webhook.notary")
 
 MAX_REVIEW_AGE = 120.0  # seconds; Kubernetes' own webhook token cache keeps an answer 2 minutes by default
 EXPIRY_MARGIN = 30.0  # an answer is dropped this long before its token expires
@@ -143,3 +148,34 @@ class SharedReads:
 
     def __len__(self) -> int:
         return len(self.kept)
+
+
+class RefusalLog:
+    """Logs each (pod, reason) refusal once, and at most `rate` new ones per second: a pod retrying, or a flood of
+    forged requests, cannot fill the log."""
+
+    def __init__(self, rate: float = 10.0, remember: int = 10_000):
+        self.rate, self.remember = rate, remember
+        self.seen: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        self.allowance, self.last = rate, time.monotonic()
+        self.suppressed = 0
+
+    def refused(self, pod: str, status: int, reason: str) -> bool:
+        """Log the refusal unless already logged or over the rate; True when it was logged."""
+        key = (pod, reason)
+        if key in self.seen:
+            return False
+        now = time.monotonic()
+        self.allowance = min(self.rate, self.allowance + (now - self.last) * self.rate)
+        self.last = now
+        if self.allowance < 1:
+            self.suppressed += 1
+            return False
+        self.allowance -= 1
+        self.seen[key] = None
+        while len(self.seen) > self.remember:
+            self.seen.popitem(last=False)
+        log.warning("notary refused", extra={"pod": pod, "status": status, "reason": reason,
+                                             "suppressed": self.suppressed})
+        self.suppressed = 0
+        return True

@@ -33,6 +33,7 @@ class Refusal(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.who = ""  # the requesting pod (namespace/name) once its token named one: what the refusal log says
 
 
 @dataclass(frozen=True)
@@ -198,9 +199,8 @@ def pick_anchor(place: Place, candidates: list[dict]) -> dict:
     matching = [p for p in claimants if hostname_of(p) == place.anchor_hostname]
     names = sorted((p.get("metadata") or {}).get("name", "") for p in (matching or claimants))
     if not matching:
-        # Said of "this pod", not by name: the anchor's read is shared by the gang's requests (notary.py).
-        raise Refusal(403, f"this pod is not of {gang}'s shape: its labels put rank 0 at {place.anchor_hostname}, "
-                           f"but the gang's rank 0 is {', '.join(names)}")
+        raise Refusal(403, f"pod {place.namespace}/{place.pod} is not of {gang}'s shape: its labels put rank 0 at "
+                           f"{place.anchor_hostname}, but the gang's rank 0 is {', '.join(names)}")
     if len(matching) > 1:
         raise Refusal(403, f"{gang}: several pods claim rank 0 ({', '.join(names)})")
     return matching[0]
