@@ -149,9 +149,19 @@ def test_a_replaced_rank_0_and_a_labeled_non_member_are_judged_on_fresh_reads(no
 
     # A bare pod that copies the gang's labels is refused while the gang's anchor is kept: it has no controller,
     # so nothing vouches for the copy, and it is judged on a fresh read.
-    core.create_namespaced_pod(k8s_namespace, imposter_pod("swap", 1, "imposter"))
-    refused = refusal(notary, pod_token(api, k8s_namespace, "imposter"))
-    assert refused.status == 403 and "rank 0 is swap-0" in refused.reason
+    # Two of them at once share the anchor's read (the same gang, the same rank 0 hostname); each refusal names
+    # its own pod, not the one whose request started the read.
+    for name in ("imposter-a", "imposter-b"):
+        core.create_namespaced_pod(k8s_namespace, imposter_pod("swap", 1, name))
+    tokens = [pod_token(api, k8s_namespace, name) for name in ("imposter-a", "imposter-b")]
+
+    async def together():
+        return await asyncio.gather(*(notary.verify(token, shared=True) for token in tokens), return_exceptions=True)
+
+    for name, refused in zip(("imposter-a", "imposter-b"), asyncio.run(together())):
+        assert isinstance(refused, Refusal) and refused.status == 403, refused
+        assert f"pod {k8s_namespace}/{name} is not of gang" in refused.reason and "rank 0 is swap-0" in refused.reason
+        assert refused.who == f"{k8s_namespace}/{name}"
 
 
 def test_a_flood_of_bogus_tokens_costs_no_review_and_keeps_the_caches_bounded(control_plane,
