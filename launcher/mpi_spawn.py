@@ -22,6 +22,7 @@ import errno
 import os
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -36,6 +37,7 @@ from trainhook.launcher.run import exit_code
 REMOTE_SHELL = "/bin/sh"
 KILL_GRACE = 3.0
 DRAIN_GRACE = 2.0
+LINGER = 5.0  # after EXIT: how long to read what the agent still sends before closing
 POLL = 0.2
 MAX_SPAWNS = 256
 SECRET_VARIABLES = (getattr(keys, "TH_GANG_TOKEN", "TRAINHOOK_GANG_TOKEN"),)
@@ -155,6 +157,19 @@ def relay_output(sock, proc: subprocess.Popen, children: Children, lost: threadi
             return
 
 
+def close_gently(sock, feeder: threading.Thread) -> None:
+    """Half-close after EXIT and let the feeder read until the agent hangs up (at most LINGER).
+
+    Closing a TCP socket that still has unread bytes (the agent's STDIN_EOF, or stdin the command never read)
+    makes the kernel send a reset instead of a FIN, and a reset can overtake the EXIT frame: the agent then sees
+    'connection reset' and exits 255 instead of the command's code. Reading to the agent's own close avoids it."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    feeder.join(LINGER)
+
+
 def run_spawn(channel: LineSocket, command: str, children: Children, env: Mapping[str, str], deadline: float,
               say: Callable[[str], None]) -> None:
     """Serve one authenticated spawn connection to its end (the socket is closed when this returns)."""
@@ -175,7 +190,8 @@ def run_spawn(channel: LineSocket, command: str, children: Children, env: Mappin
             send_frame(sock, EXIT, str(EXIT_AGENT_FAILED).encode())
             return
         lost = threading.Event()
-        threading.Thread(target=feed_stdin, args=(reader, proc, lost), daemon=True).start()
+        feeder = threading.Thread(target=feed_stdin, args=(reader, proc, lost), daemon=True)
+        feeder.start()
         try:
             relay_output(sock, proc, children, lost)
         except OSError:
@@ -189,6 +205,7 @@ def run_spawn(channel: LineSocket, command: str, children: Children, env: Mappin
             say(f"the agent of `{command[:60]}` went away; stopped it ({code})")
             return
         send_frame(sock, EXIT, str(code).encode())
+        close_gently(sock, feeder)
     except (OSError, FrameError):
         if proc is not None and children.poll(proc) is None:
             children.stop(proc)

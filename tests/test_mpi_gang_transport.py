@@ -137,6 +137,14 @@ def test_stdin_reaches_the_command_and_a_large_stream_comes_back_intact(gang):
     assert done.returncode == 0 and done.stdout == data, done.stderr
 
 
+def test_the_exit_code_arrives_while_the_agent_still_sends_stdin_the_command_never_read(gang):
+    # The worker closes while the agent's stdin is still on its way: closing with unread bytes would make the
+    # kernel reset the connection, and a reset can overtake the EXIT frame (seen in CI: 255 instead of 7).
+    for _ in range(3):
+        done = gang.run("exit", "7", stdin=os.urandom(8 * 1024 * 1024))
+        assert (done.returncode, done.stderr) == (7, b""), done.stderr
+
+
 def test_a_command_killed_by_a_signal_ends_the_agent_with_128_plus_n(gang):
     assert gang.run("kill", "-TERM", "$$").returncode == 128 + signal.SIGTERM
 
