@@ -110,6 +110,7 @@ class Node:
     def __init__(self, running):
         self.env = {**os.environ, **running.env()}
         self.images = running.images
+        self.state_dir = running.state_dir  # bench/node_cpu.py tells the node's processes by it
         self.kubectl_bin = str(Path(running.env()["PATH"].split(":")[0]) / "kubectl")
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:

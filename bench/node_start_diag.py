@@ -72,8 +72,11 @@ def main(size: int) -> dict:
                          "joined": first(lines, "joined the gang's coordinator"),
                          "listening": first(lines, "listening on port"), "all_here": first(lines, "members are here"),
                          "gangstart": first(lines, "GANGSTART"), "errors": dict(errors)})
-        starts = [scale.seconds(s["state"]["running"]["startedAt"]) - start for p in pods
-                  for s in p["status"].get("containerStatuses") or [] if "running" in s["state"]]
+        started_at = {p["metadata"]["name"]: scale.seconds(s["state"]["running"]["startedAt"]) - start for p in pods
+                      for s in p["status"].get("containerStatuses") or [] if "running" in s["state"]}
+        starts = list(started_at.values())
+        for row in rows:
+            row["container_started"] = started_at.get(f"{name}-{row['rank']}")
     finally:
         scale.node_start_delete(node, namespace, name)
         if started:
@@ -88,6 +91,9 @@ def main(size: int) -> dict:
           rows[0]["all_here"])
     print("min / median / max: containers started (1 s resolution)", spread(starts))
     print("  launcher's first line", spread([r["first_line"] for r in rows]))
+    print("  its container's start -> the launcher's first line (startedAt: 1 s resolution)",
+          spread([r["first_line"] - r["container_started"] for r in rows
+                  if r["first_line"] is not None and r["container_started"] is not None]))
     print("  joined", spread([r["joined"] for r in rows]))
     print("  GANGSTART", spread([r["gangstart"] for r in rows]))
     print("the members' connection retried on", dict(errors))

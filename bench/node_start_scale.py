@@ -38,7 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-import node_start  # noqa: E402  (bench/ is not a package)
+import node_cpu  # noqa: E402  (bench/ is not a package)
+import node_start  # noqa: E402
 
 VARIANTS = ("configmap", "init", "by-hand")
 NAMESPACES = {"configmap": "default", "init": "bench-init", "by-hand": "default"}
@@ -97,6 +98,8 @@ def one_round(node: node_start.Node, variant: str, size: int, timeout: float = 3
     namespace = NAMESPACES[variant]
     name = f"sc-{variant[:4]}-{size}-{uuid.uuid4().hex[:4]}"
     docs = gang(variant, name, size, node.images["torch"])
+    state_dir = str(node.state_dir)
+    cpu_before = node_cpu.snapshot(state_dir, node_config.CGROUP_ROOT)
     start = time.time()
     node.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                                       "items": docs}))
@@ -118,6 +121,8 @@ def one_round(node: node_start.Node, variant: str, size: int, timeout: float = 3
         time.sleep(2.0)  # the launchers' last lookups land (the bare ranks resolve nothing)
         queries = cluster_dns.query_counts(node_config.host_ip(), 53, containing=name)
         pods = pods_of(node, namespace, name)
+        cpu = node_cpu.parts(cpu_before, node_cpu.snapshot(state_dir, node_config.CGROUP_ROOT),
+                             {p["metadata"]["uid"] for p in pods})
     finally:
         node_start_delete(node, namespace, name)
     return {"variant": variant, "size": size, "load_1m": round(os.getloadavg()[0], 2),
@@ -125,7 +130,7 @@ def one_round(node: node_start.Node, variant: str, size: int, timeout: float = 3
             "to_first_rank_s": round(min(printed.values()) - start, 3),
             "dns_queries": queries["queries"], "dns_nxdomain": queries["nxdomain"],
             "dns_top": dict(list(queries["top"].items())[:6]),  # which names were asked most: who asks
-            "kubelet": kubelet_times(pods, start)}
+            "kubelet": kubelet_times(pods, start), "cpu_s": cpu}
 
 
 def node_start_delete(node: node_start.Node, namespace: str, name: str) -> None:
@@ -170,7 +175,9 @@ def summary(rounds: list[dict]) -> dict:
                               "kubelet_median": {k: statistics.median(v for v in (r["kubelet"][k] for r in mine)
                                                                       if v is not None)
                                                  if any(r["kubelet"][k] is not None for r in mine) else None
-                                                 for k in mine[0]["kubelet"]}}
+                                                 for k in mine[0]["kubelet"]},
+                              "cpu_s_median": {k: round(statistics.median(r["cpu_s"][k] for r in mine if k in r.get(
+                                  "cpu_s", {})), 2) for k in mine[0].get("cpu_s", {})}}
         hand = [r for r in done if r["variant"] == "by-hand"]
         for variant in ("configmap", "init"):
             mine = [r for r in done if r["variant"] == variant]
