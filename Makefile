@@ -17,7 +17,7 @@ demo: install-demo  ## create the virtualenv, install trainhook and torch only, 
 	$(BIN)/trainhook local examples/pytorch/ddp.yaml
 	@echo "==> done: the StatefulSet above trained as one gang, wired by the webhook; its pods' output is above, each"
 	@echo "    line prefixed [ddp-N]. Next: $(BIN)/trainhook explain examples/pytorch/ddp.yaml (what each pod gets),"
-	@echo "    docs/local.md (keeping logs: --keep-dir), README.md (on a cluster: kubectl apply -f the same file)"
+	@echo "    docs/use/local.md (keeping logs: --keep-dir), README.md (on a cluster: kubectl apply -f the same file)"
 
 test: install  ## every test, as CI runs it
 	$(BIN)/python -m pytest -q
@@ -75,7 +75,7 @@ images:  ## build the webhook and launcher images (needs Docker; no container en
 e2e-kind: images  ## kind cluster, images loaded, helm install, the PyTorch example to completion (needs Docker, kind, kubectl; not run in CI)
 	IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/e2e-kind.sh
 
-k8s-build:  ## build kube-apiserver/-controller-manager/-scheduler v1.20.2 into ~/.cache/trainhook (once; see docs/control-plane.md)
+k8s-build:  ## build kube-apiserver/-controller-manager/-scheduler v1.20.2 into ~/.cache/trainhook (once; see docs/develop/control-plane.md)
 	bash hack/k8s-build.sh
 
 cluster-up: install k8s-build  ## start a local v1.20 control plane; prints `export KUBECONFIG=...`
@@ -84,7 +84,7 @@ cluster-up: install k8s-build  ## start a local v1.20 control plane; prints `exp
 cluster-down:  ## stop what cluster-up started
 	$(PYTHON) hack/cluster.py down
 
-# -- A real node (docs/control-plane.md): kubelet, containerd, pod network, cluster DNS, the chart by Helm -------
+# -- A real node (docs/develop/control-plane.md): kubelet, containerd, pod network, cluster DNS, the chart by Helm -------
 .PHONY: node-build node-images node-up node-down e2e
 NODE := $(BIN)/python hack/node.py
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make e2e-kind: the chart and the PyTorch example on a real cluster (kind), for machines with Docker.
-# NOT run by CI (no container engine there); every step below is covered by tests that do run (docs/certificates.md).
+# NOT run by CI (no container engine there); every step below is covered by tests that do run (docs/operate/certificates.md).
 # Needs docker, kind, kubectl; Helm comes from hack/get_helm.py. `make e2e-kind` builds the images first.
 # KEEP_CLUSTER=1 keeps the cluster afterwards (it is also kept when a step fails, for a look).
 set -euo pipefail

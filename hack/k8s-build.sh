@@ -12,7 +12,7 @@
 # Idempotent, per binary: bin/.stamp records each binary with the recipe it was built by (the sha256 of this
 # script's recipe section, between the `recipe` markers: versions, patches, flags). Only the binaries asked for
 # that are missing or were built by another recipe are built, so asking for the node later does not rebuild the
-# control plane. `--force` rebuilds what is asked for. See docs/control-plane.md.
+# control plane. `--force` rebuilds what is asked for. See docs/develop/control-plane.md.
 #
 # Three patches are applied to the unpacked source, and printed as they are applied:
 #   1. vendor/modules.txt: every `# path => replacement` line moves above its versioned `# path vX => ...`

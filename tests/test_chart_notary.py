@@ -1,5 +1,5 @@
 """The chart's notary (issue 22), rendered by the real Helm: its port on the Deployment and the Service, its RBAC
-(exactly what docs/security.md lists), the settings the webhook reads from the chart's environment in each
+(exactly what docs/operate/security.md lists), the settings the webhook reads from the chart's environment in each
 certificate mode, and no RBAC at all for training pods.
 """
 
@@ -74,7 +74,7 @@ def test_a_values_file_that_still_binds_training_service_accounts_is_refused_nam
     with pytest.raises(HelmError) as refused:
         render_chart({"trainingServiceAccounts": [{"namespace": "team-a", "name": "trainer"}]}, NAMESPACE)
     assert "trainingServiceAccounts was removed" in str(refused.value)
-    assert "docs/helm.md#upgrading" in str(refused.value)
+    assert "docs/operate/helm.md#upgrading" in str(refused.value)
 
 
 @pytest.mark.parametrize("port", [8444, 9444])

@@ -37,7 +37,7 @@ SEPARATORS = {"|", "||", "&&", ";", "&"}
 
 @dataclass(frozen=True)
 class Shown:
-    where: str  # docs/local.md:4
+    where: str  # docs/use/local.md:4
     text: str  # the command as the doc shows it
 
 
@@ -314,7 +314,7 @@ def test_the_flags_cli_md_names_in_each_section_belong_to_its_subcommands():
     of a subcommand its section is about (`## submit, status, list, logs, delete`: one of those five)."""
     commands = _subparsers(trainhook_cli.build_parser()).choices
     problems, checked = [], 0
-    for heading, where, flag in section_flags(ROOT / "docs" / "cli.md"):
+    for heading, where, flag in section_flags(ROOT / "docs" / "use" / "cli.md"):
         names = [word for word in re.findall(r"[\w-]+", heading) if word in commands]
         if not names:
             continue
@@ -326,12 +326,12 @@ def test_the_flags_cli_md_names_in_each_section_belong_to_its_subcommands():
 
 
 def test_local_usage_line_shows_every_option():
-    """docs/local.md's usage line is the reader's whole view of `trainhook local`: no flag may be missing."""
+    """docs/use/local.md's usage line is the reader's whole view of `trainhook local`: no flag may be missing."""
     usage = next(item.text for item in shown_commands()
-                 if item.where.startswith("docs/local.md") and item.text.startswith("trainhook local MANIFEST"))
+                 if item.where.startswith("docs/use/local.md") and item.text.startswith("trainhook local MANIFEST"))
     local = _subparsers(trainhook_cli.build_parser()).choices["local"]
     options = {action.option_strings[-1] for action in local._actions if action.option_strings} - {"--help"}
     missing = sorted(option for option in options if not re.search(rf"(^|[\s\[]){re.escape(option)}\b", usage)
                      and not any(re.search(rf"(^|[\s\[]){re.escape(o)}\b", usage)
                                  for o in next(a for a in local._actions if option in a.option_strings).option_strings))
-    assert not missing, f"docs/local.md's usage line lacks {missing}: {usage}"
+    assert not missing, f"docs/use/local.md's usage line lacks {missing}: {usage}"

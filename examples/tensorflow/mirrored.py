@@ -8,7 +8,7 @@ digest of the final weights that the tests compare across pods.
 
 Plain TensorFlow, no Keras, so it runs on the stock tensorflow/tensorflow image: TensorFlow >= 2.16 ships
 Keras 3, whose `model.fit` does not run under MultiWorkerMirroredStrategy (for `model.fit` code, install
-`tensorflow tf-keras` in one pip command and set TF_USE_LEGACY_KERAS=1; docs/frameworks/tensorflow.md).
+`tensorflow tf-keras` in one pip command and set TF_USE_LEGACY_KERAS=1; docs/use/frameworks/tensorflow.md).
 """
 
 import hashlib

@@ -1,0 +1,83 @@
+"""Every docs page is reachable from the README, and every relative link resolves (issue 24, item 6).
+
+The docs are split by reader (docs/use, docs/operate, docs/develop) and the README's "Documentation" index is
+the one way in: a page no chain of links reaches from README.md is a page nobody finds (docs/gang-lifecycle.md
+was cited from code six times and listed nowhere). And a relative link into a renamed or moved page breaks
+silently on GitHub. So this test follows the links from README.md through every page they reach, and checks
+every relative link of README.md and docs/**/*.md against the files on disk (anchors are not checked).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# `[text](target)`; the target may start on the next line (a wrapped link), and may carry an anchor.
+LINK = re.compile(r"\]\(\s*([^)\s]+)\)")
+FENCE = re.compile(r"^\s*```.*?^\s*```", re.S | re.M)
+
+
+def pages() -> list[Path]:
+    return sorted((ROOT / "docs").rglob("*.md"))
+
+
+def relative_links(page: Path) -> list[tuple[str, Path]]:
+    """(target as written, the file or folder it names) for every relative link outside code blocks."""
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    found = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a URL, or an anchor on the same page
+        path = target.split("#", 1)[0]
+        found.append((target, (page.parent / path).resolve()))
+    return found
+
+
+def reachable() -> set[Path]:
+    """Every markdown file reached from README.md by following relative links (a folder link reaches nothing)."""
+    seen, todo = {README.resolve()}, [README.resolve()]
+    while todo:
+        for _, target in relative_links(todo.pop()):
+            if target.suffix == ".md" and target.is_file() and target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_every_relative_link_resolves():
+    broken = [f"{page.relative_to(ROOT)}: ({target})" for page in [README, *pages()]
+              for target, path in relative_links(page) if not path.exists()]
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def test_every_docs_page_is_reachable_from_the_readme():
+    assert len(pages()) > 20, pages()  # the walk really sees the docs tree
+    seen = reachable()
+    unreached = [str(page.relative_to(ROOT)) for page in pages() if page.resolve() not in seen]
+    assert not unreached, "docs pages no link from README.md leads to:\n" + "\n".join(unreached)
+
+
+# Pages other work was editing while the rest moved; they go to use/ (contract, delivery) and develop/
+# (performance, with its two images). Empty this set when they move.
+NOT_YET_MOVED = {"contract.md", "delivery.md", "performance.md"}
+
+
+def test_docs_are_filed_by_reader():
+    """Every page lies in the folder of its reader: use, operate or develop."""
+    misplaced = [str(page.relative_to(ROOT)) for page in pages()
+                 if page.relative_to(ROOT / "docs").parts[0] not in ("use", "operate", "develop", *NOT_YET_MOVED)]
+    assert not misplaced, misplaced
+
+
+def test_the_checks_catch_a_broken_and_an_unlinked_page(tmp_path):
+    """The link resolver really follows wrapped links and anchors, and reports a missing target."""
+    page = tmp_path / "docs" / "use" / "a.md"
+    page.parent.mkdir(parents=True)
+    (tmp_path / "docs" / "use" / "b.md").write_text("# b\n")
+    page.write_text("see [b](\nb.md#x), [gone](../gone.md), [web](https://x.dev/a.md), [here](#top)\n"
+                    "```\n[not a link](nowhere.md)\n```\n")
+    links = relative_links(page)
+    assert [target for target, _ in links] == ["b.md#x", "../gone.md"]
+    assert [path.exists() for _, path in links] == [True, False]
