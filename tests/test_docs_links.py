@@ -81,3 +81,42 @@ def test_the_checks_catch_a_broken_and_an_unlinked_page(tmp_path):
     links = relative_links(page)
     assert [target for target, _ in links] == ["b.md#x", "../gone.md"]
     assert [path.exists() for _, path in links] == [True, False]
+
+
+ARCHITECTURE = ROOT / "docs" / "develop" / "architecture.md"
+TOP_FOLDERS = ("webhook/", "launcher/", "trainhook/", "certs/", "charts/", "tests/", "hack/", "bench/", "examples/")
+
+
+def named_code(text: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The repository paths architecture.md names in code spans, and (file, name) for each name it places in a
+    file (`` `webhook/pods.py` `set_env`, `gang_env` ``: set_env and gang_env are defined in webhook/pods.py)."""
+    paths = [p for p in re.findall(r"`([^`\s<>]+)`", text) if p.startswith(TOP_FOLDERS)]
+    bare = [p for p in re.findall(r"`([\w/.-]+\.(?:py|c|yaml))`", text) if not p.startswith(TOP_FOLDERS)]
+    assert not bare, f"name files by their path from the repository root: {bare}"
+    placed = []
+    for path, names in re.findall(r"`([\w/.*-]+\.py)`((?:,? `[A-Za-z_][\w.]*`)+)", text):
+        placed += [(path, name) for name in re.findall(r"`([\w.]+)`", names) if not name.endswith(".py")]
+    return paths, placed
+
+
+def test_the_architecture_map_names_what_exists():
+    """docs/develop/architecture.md is the newcomer's map from each promise of the contract to its code and tests:
+    every file, folder and test it names exists, and every function or class it places in a file is defined there,
+    so a move or a rename that forgets the map fails here."""
+    paths, placed = named_code(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert len(paths) > 100 and len(placed) > 30, (len(paths), len(placed))
+    missing = [p for p in paths if not list(ROOT.glob(p.rstrip("/")))]
+    assert not missing, f"architecture.md names paths that do not exist: {missing}"
+    undefined = []
+    for path, name in placed:
+        sources = "".join(f.read_text(encoding="utf-8") for f in ROOT.glob(path))
+        last = name.split(".")[-1]
+        if not re.search(rf"^\s*(async def|def|class) {re.escape(last)}\b|^{re.escape(last)}\s*[:=]", sources, re.M):
+            undefined.append(f"{path}: {name}")
+    assert not undefined, f"architecture.md places names where they are not defined: {undefined}"
+
+
+def test_the_map_check_reads_paths_and_placed_names():
+    paths, placed = named_code("`webhook/pods.py` `set_env`, `gang_env` and `launcher/gone.py` or `trainhook.keys`")
+    assert paths == ["webhook/pods.py", "launcher/gone.py"]
+    assert placed == [("webhook/pods.py", "set_env"), ("webhook/pods.py", "gang_env")]
