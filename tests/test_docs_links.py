@@ -1,7 +1,7 @@
 """Every docs page is reachable from the README, and every relative link resolves (issue 24, item 6).
 
 The docs are split by reader (docs/use, docs/operate, docs/develop) and the README's "Documentation" index is
-the one way in: a page no chain of links reaches from README.md is a page nobody finds (docs/gang-lifecycle.md
+the one way in: a page no chain of links reaches from README.md is a page nobody finds (the gang lifecycle page
 was cited from code six times and listed nowhere). And a relative link into a renamed or moved page breaks
 silently on GitHub. So this test follows the links from README.md through every page they reach, and checks
 every relative link of README.md and docs/**/*.md against the files on disk (anchors are not checked).
