@@ -52,7 +52,7 @@ the gang succeeded and every member's training ends; when a member fails, every 
 (TRAINHOOK_ON_FAILURE=fail-gang) or restarted together with a fresh rendezvous (restart-gang, codes >= 128,
 up to TRAINHOOK_MAX_RESTARTS times). Then Job pods exit (0, or the gang's code) and StatefulSet pods park
 without rerunning the training; rank 0's launcher records the outcome through the notary, which annotates the
-workloads, scales a StatefulSet to zero and emits an Event. See docs/gang-lifecycle.md."""
+workloads, scales a StatefulSet to zero and emits an Event. See docs/use/gang-lifecycle.md."""
 
 TORCHRUN_HELP = f"""\
 Run torchrun (python -m torch.distributed.run) with --nnodes, --nproc-per-node, --node-rank, --master-addr and

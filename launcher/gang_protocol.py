@@ -1,6 +1,6 @@
 """The wire between a gang's launchers: JSON lines, every message after the greeting signed with the gang's key.
 
-The key comes from the notary (identity.py; docs/security.md): HMAC-SHA256 of the gang's identity
+The key comes from the notary (identity.py; docs/operate/security.md): HMAC-SHA256 of the gang's identity
 `<namespace>/<job-name>/<anchor workload uid>` under a key only the webhook holds, handed only to a pod whose
 projected identity token proves it is a member of this gang. So every member holds it and nobody else does: not
 a launcher of another job or namespace, not a pod that merely carries the gang's labels, not someone who can

@@ -1,4 +1,4 @@
-"""The launcher's client of the notary (docs/security.md): the gang's key, its recorded outcome, its Events.
+"""The launcher's client of the notary (docs/operate/security.md): the gang's key, its recorded outcome, its Events.
 
 A gang pod holds no Kubernetes permission and no secret in its spec or environment. What it has is a projected
 ServiceAccount token of audience `trainhook` that the kubelet writes (and refreshes) in keys.IDENTITY_DIR; the
@@ -75,7 +75,7 @@ class Notary:
         self.host, self.port, self.base = parsed.hostname, port, parsed.path.rstrip("/")
         self.token_file, self.timeout = token_file, timeout
 
-    # --- the calls of docs/security.md ------------------------------------------------------------------------
+    # --- the calls of docs/operate/security.md ------------------------------------------------------------------------
     def credential(self) -> dict:
         """POST /v1/credential once: {"namespace", "job", "gang", "key"} (NotaryError otherwise)."""
         answer = self.call("POST", "/v1/credential", {})

@@ -19,7 +19,7 @@ Transports (`--transport`, else TRAINHOOK_MPI_TRANSPORT, else `gang`):
   from the Status. The pod is read first (for its container: the `trainhook.dev/container`
   annotation, else the first); a pod whose name is not its hostname (a Job's or bare pod) is found by listing
   the gang's pods. Needs `get`/`list` on pods and `create`/`get` on pods/exec for the gang's pods (a Role the user
-binds; docs/frameworks/mpi.md).
+binds; docs/use/frameworks/mpi.md).
 - `ssh`: `ssh` with the given options first (they win), then StrictHostKeyChecking=no,
   UserKnownHostsFile=/dev/null, BatchMode=yes and ConnectionAttempts=10, as mpi-operator v2 runs it.
 - `local`: the target pod of the local run, through the runner's RUN_DIR/podexec (mpi_local); explicit only.

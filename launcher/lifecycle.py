@@ -1,5 +1,5 @@
 """The gang's lifecycle as data: the keys, the policy read from the environment, outcomes, and each attempt's
-environment (contract section 7; the user-facing account is docs/gang-lifecycle.md).
+environment (contract section 7; the user-facing account is docs/use/gang-lifecycle.md).
 
 Everything here is pure. The keys the webhook injects or copies live in trainhook/keys.py; the variables below
 are the launcher's own.

@@ -15,7 +15,7 @@ the agent too) the doorway says so and the agent runs the command right here, as
 Why a doorway rather than giving the agent the key:
 - mpirun's children are the user's processes too: anything put in the agent's environment or on its command
   line is readable there (and by /proc, ps, core dumps, crash reports). The key must stay in the launcher's
-  memory (docs/security.md), so the agent is handed a *capability* (one connection to one worker of this gang,
+  memory (docs/operate/security.md), so the agent is handed a *capability* (one connection to one worker of this gang,
   for one command) instead of a secret that would outlive the pod.
 - an inherited pipe or fd does not reach the agent: OpenMPI's rsh launcher closes every fd above 2 in the child
   before it execs the agent.

@@ -3,7 +3,7 @@
 A finished StatefulSet gang is scaled to zero: its pods go, and the kubelet's logs with them. So the launcher
 keeps the last lines its training printed (stdout and stderr, in the order they arrived) and the member sends
 them with its exit report; the coordinator sends the failing rank's and its own with the outcome, and the
-notary stores them on the workload (docs/gang-lifecycle.md, "What is kept").
+notary stores them on the workload (docs/use/gang-lifecycle.md, "What is kept").
 
 The output still reaches the container's stdout and stderr unchanged and at once: a pump thread per stream
 reads what the training writes into a pipe and writes every chunk on to the launcher's own fd 1 or 2 before it

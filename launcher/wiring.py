@@ -6,7 +6,7 @@ with the standard library only (deliver.py), so it cannot import the webhook; th
 here (trainhook.webhook.gang, trainhook.webhook.frameworks.mpi and .tensorflow re-export them), so both sides
 always agree on formats and roles. A leaf module: it imports nothing but the standard library.
 
-Kubeflow's references for the values: docs/frameworks/mpi.md and docs/frameworks/tensorflow.md, and the
+Kubeflow's references for the values: docs/use/frameworks/mpi.md and docs/use/frameworks/tensorflow.md, and the
 docstrings of webhook/frameworks/mpi.py and tensorflow.py.
 """
 

@@ -239,7 +239,7 @@ def test_both_webhooks_fail_closed_without_side_effects_and_only_for_opted_in_ob
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["reinvocationPolicy"] == "IfNeeded"
         # The scale check waits at most 3 s: it fails open, and every `kubectl scale` of any StatefulSet would
-        # otherwise wait the whole timeout for a webhook that is down (docs/helm.md).
+        # otherwise wait the whole timeout for a webhook that is down (docs/operate/helm.md).
         expected_timeout = (min(3, values["timeoutSeconds"]) if hook["name"] == "scale.trainhook.dev"
                             else values["timeoutSeconds"])
         assert hook["timeoutSeconds"] == expected_timeout

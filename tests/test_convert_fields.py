@@ -1,5 +1,5 @@
 """`trainhook convert`, field by field: every Kubeflow field is mapped to its trainhook counterpart or named in a
-warning (the table of docs/convert.md, which this file keeps honest), templates are kept whole, and bad input
+warning (the table of docs/use/convert.md, which this file keeps honest), templates are kept whole, and bad input
 is reported with its place."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def merge(base: dict, extra: dict) -> dict:
 
 
 def doc_name(path: str) -> str:
-    """How docs/convert.md names a field: replica specs generically (`<kind>ReplicaSpecs.<Type>.restartPolicy`)."""
+    """How docs/use/convert.md names a field: replica specs generically (`<kind>ReplicaSpecs.<Type>.restartPolicy`)."""
     parts = path.split(".")
     if parts[0].endswith("ReplicaSpecs"):
         parts[:2] = ["<kind>ReplicaSpecs", "<Type>"]
@@ -62,7 +62,7 @@ def annotations(converted) -> dict:
 
 
 # (kind, spec field path, value, gang scheduler, expectation): ("annotation", key, value), ("warned", fragment),
-# ("podgroup", field, value) or ("template", field, value). docs/convert.md lists every path.
+# ("podgroup", field, value) or ("template", field, value). docs/use/convert.md lists every path.
 FIELDS = [
     ("PyTorchJob", "runPolicy.activeDeadlineSeconds", 600, None, ("annotation", ACTIVE_DEADLINE_SECONDS, "600")),
     # job()'s replica types are restartPolicy Never: Kubeflow retries nothing, whatever backoffLimit says
@@ -145,7 +145,7 @@ def test_every_kubeflow_field_is_mapped_or_warned(kind, path, value, scheduler, 
     else:
         for workload in by_kind(converted.objects)["StatefulSet"]:
             assert workload["spec"]["template"]["spec"][expected[1]] == expected[2]
-    assert f"`spec.{doc_name(path)}`" in DOC, f"docs/convert.md does not list spec.{doc_name(path)}"
+    assert f"`spec.{doc_name(path)}`" in DOC, f"docs/use/convert.md does not list spec.{doc_name(path)}"
 
 
 def test_templates_are_kept_whole():
@@ -169,7 +169,7 @@ def test_indexed_jobs_keep_the_deadline_and_leave_the_retries_to_the_gang():
     validate_objects(converted.objects)
     for workload in by_kind(converted.objects)["Job"]:
         spec = workload["spec"]
-        # runPolicy.backoffLimit 2 is the gang's restart budget, never a Job's (docs/gang-lifecycle.md)
+        # runPolicy.backoffLimit 2 is the gang's restart budget, never a Job's (docs/use/gang-lifecycle.md)
         assert (spec["activeDeadlineSeconds"], spec["backoffLimit"], spec["completionMode"]) == (7200, 0, "Indexed")
         assert spec["template"]["spec"]["restartPolicy"] == "OnFailure"
         assert (workload["metadata"]["annotations"][ON_FAILURE],

@@ -1,4 +1,4 @@
-"""`trainhook convert` and a Kubeflow job's lifecycle (docs/gang-lifecycle.md, docs/convert.md): a Job trainhook
+"""`trainhook convert` and a Kubeflow job's lifecycle (docs/use/gang-lifecycle.md, docs/use/convert.md): a Job trainhook
 writes never retries pods on its own (`backoffLimit: 0`, the gang's launchers retry it whole), Kubeflow's retries
 become the gang's (`runPolicy.backoffLimit` and the replica types' `restartPolicy`, Kubeflow's defaults included),
 and every lifecycle field either becomes its counterpart or is named in a warning that says what happens instead,
@@ -259,7 +259,7 @@ def test_kubeflows_retries_are_compared_with_the_gangs_in_warnings():
         "PyTorchJob/j: spec.pytorchReplicaSpecs.Master.restartPolicy=ExitCode next to "
         "spec.pytorchReplicaSpecs.Worker.restartPolicy=OnFailure: a gang has one set of failure rules, "
         "'restart-gang: 1-255' (trainhook.dev/failure-rules), so their exits 1-127 restart the gang too, where "
-        "Kubeflow fails the job; edit the annotation in the output to choose (docs/gang-lifecycle.md#failure-rules)"]
+        "Kubeflow fails the job; edit the annotation in the output to choose (docs/use/gang-lifecycle.md#failure-rules)"]
 
 
 @pytest.mark.parametrize("restart, rules, exit_3, sigkill", [

@@ -1,7 +1,7 @@
 """A deleted member's exit code, with real processes (issue 25 item 5; root, network namespaces: run it under
 `flock -s /tmp/trainhook-node.lock`).
 
-docs/gang-lifecycle.md's rule: exit codes 128 and above are signals (retryable), and a member that goes away
+docs/use/gang-lifecycle.md's rule: exit codes 128 and above are signals (retryable), and a member that goes away
 without a word counts as 129. A deleted pod does not go away without a word: as the kubelet does, `trainhook local
 delete` sends its containers SIGTERM, the launcher passes it to the training and reports what the training exits
 with, 143 (128 + SIGTERM) for a process the signal ends. So the gang is recorded as failed with 143, by rank 1,

@@ -1,5 +1,5 @@
 """The launcher's outcome recording against the real Kubernetes 1.20 control plane (hack/cluster.py), through the
-notary (docs/security.md).
+notary (docs/operate/security.md).
 
 A real `trainhook-launch run` process plays rank 0 of a one-member StatefulSet gang. Like a training pod it holds no
 Kubernetes permission: no ServiceAccount token of the API's audience, no KUBERNETES_SERVICE_HOST; only its pod's

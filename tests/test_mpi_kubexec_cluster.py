@@ -3,7 +3,7 @@ as it goes without a kubelet: the agent runs as a pod would, with a ServiceAccou
 /var/run/secrets/kubernetes.io/serviceaccount (a private mount namespace) and KUBERNETES_SERVICE_HOST/PORT,
 finds the pod, and makes the exec call. `kubexec` is an explicit opt-in now (the default is the gang transport,
 which needs no permission) and the chart grants no exec right: with a Role scoped to the gang's own pods
-(resourceNames) bound, as docs/frameworks/mpi.md tells a user to write it, the API server authorizes the call and
+(resourceNames) bound, as docs/use/frameworks/mpi.md tells a user to write it, the API server authorizes the call and
 answers that the pod has no node, which the agent reports with the pod, its phase and the server's message;
 without it, the agent names the missing permission."""
 
@@ -43,7 +43,7 @@ def as_a_pod(control_plane, namespace: str, tmp_path: Path, *agent_args: str, **
 
 
 def bind_gang_role(control_plane, namespace: str, pods: list[str], list_pods: bool = False) -> None:  # noqa: F811
-    """The per-gang Role of docs/frameworks/mpi.md for the namespace's `default` ServiceAccount: get and exec on
+    """The per-gang Role of docs/use/frameworks/mpi.md for the namespace's `default` ServiceAccount: get and exec on
     the gang's own pods only (resourceNames); `list` (which resourceNames cannot scope) only where a pod must be
     found by its hostname (a Job's generated pod names)."""
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"], "resourceNames": pods},

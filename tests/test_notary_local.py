@@ -1,6 +1,6 @@
 """`trainhook local` plays the kubelet for the identity volume: the projected serviceAccountToken the webhook
 injects is written as a random token per pod, and recorded with the pod it names for the local notary authority
-(webhook/notary_local.py), which the run's webhook serves to the pods (docs/local.md). The last test runs a real gang
+(webhook/notary_local.py), which the run's webhook serves to the pods (docs/use/local.md). The last test runs a real gang
 under `trainhook local` (root, network namespaces: run it under `flock -s /tmp/trainhook-node.lock`).
 """
 

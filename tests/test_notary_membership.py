@@ -101,7 +101,7 @@ def test_a_bare_pod_with_the_gangs_labels_is_not_a_member():
 
 
 def test_a_pod_naming_the_gangs_statefulset_with_another_uid_is_not_a_member():
-    """A forged owner reference (the real uid takes `create pods` in the namespace: trusted, docs/security.md)."""
+    """A forged owner reference (the real uid takes `create pods` in the namespace: trusted, docs/operate/security.md)."""
     sts = stamped("ddp", 2)
     pods = [pod(sts, i) for i in range(2)]
     forged = copy.deepcopy(pods[1])

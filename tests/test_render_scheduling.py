@@ -1,6 +1,6 @@
 """Gang scheduling in rendered manifests (issue 10): the annotations the webhook reads, the PodGroup Volcano or
 the coscheduling plugin needs (valid under their published CRD schemas), and the examples of
-docs/scheduling/ checked offline and on a real API server."""
+docs/use/scheduling/ checked offline and on a real API server."""
 
 from __future__ import annotations
 

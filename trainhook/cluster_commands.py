@@ -276,7 +276,7 @@ def print_kept(name: str, kept, missed: list[dict], whole: bool) -> list[str]:
         sys.stdout.flush()
     if whole and not shown:
         return [f"gang {name} is finished and its pods are gone; no last lines were kept with its outcome (they are "
-                "kept when its launchers record it through the notary: docs/gang-lifecycle.md)"]
+                "kept when its launchers record it through the notary: docs/use/gang-lifecycle.md)"]
     for pod in missed:
         if kept_of_pod(kept, pod) is None:
             print(f"[{pod['metadata']['name']}] (its pod went before its log could be read; only the deciding "

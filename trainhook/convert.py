@@ -4,7 +4,7 @@ PyTorchJob, TFJob, XGBoostJob, JAXJob, PaddleJob and MPIJob (kubeflow.org/v1, an
 kubeflow.org/v2beta1 MPIJob) become a headless Service and one workload per replica type, named
 `<job>-<role>` so the pods keep Kubeflow's names (`<job>-worker-0`). Pod templates are kept whole (containers,
 tolerations, volumes, resources, env); every Kubeflow field with a trainhook counterpart is mapped to it
-(docs/convert.md has the table), and every other one is named in a warning, never dropped silently.
+(docs/use/convert.md has the table), and every other one is named in a warning, never dropped silently.
 """
 
 from __future__ import annotations

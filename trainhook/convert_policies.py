@@ -185,7 +185,7 @@ def mpi_options(spec: dict, api_version: str, fields: Fields, annotations: dict)
                                            "API (kubexec), not ssh; no ssh keys are mounted"),
                       ("runLauncherAsWorker", "the launcher pod is not in the hostfile and runs no ranks; for a gang "
                                               "whose every pod runs ranks, write one workload without roles, whose "
-                                              "pod 0 launches (docs/frameworks/mpi.md, two layouts)")):
+                                              "pod 0 launches (docs/use/frameworks/mpi.md, two layouts)")):
         if name in spec:
             fields.drop(f"spec.{name}", spec.pop(name), why)
     return spec.pop("mainContainer", "") if api_version == "kubeflow.org/v1" else ""

@@ -1,4 +1,4 @@
-"""A Kubeflow job's lifecycle fields as the gang's (docs/gang-lifecycle.md): the replica types' restartPolicy and
+"""A Kubeflow job's lifecycle fields as the gang's (docs/use/gang-lifecycle.md): the replica types' restartPolicy and
 runPolicy's backoffLimit, activeDeadlineSeconds, cleanPodPolicy, ttlSecondsAfterFinished, suspend and managedBy.
 
 Kubeflow retries members one by one; a gang is retried whole, by its launchers (`trainhook.dev/on-failure:
@@ -105,7 +105,7 @@ def restart_policies(restarts: dict[str, Restart], backoff: int | None, specs_pa
             f"{fields.where}: {shown(specs_path, exit_code, restarts)} next to "
             f"{shown(specs_path, any_code, restarts)}: a gang has one set of failure rules, "
             f"'{ANY_EXIT_CODE_RULES}' ({keys.FAILURE_RULES}), so their exits 1-127 restart the gang too, where "
-            "Kubeflow fails the job; edit the annotation in the output to choose (docs/gang-lifecycle.md#failure-rules)")
+            "Kubeflow fails the job; edit the annotation in the output to choose (docs/use/gang-lifecycle.md#failure-rules)")
     if never:
         rules = f"'{ANY_EXIT_CODE_RULES}'" if any_code else "the default failure rules (exit codes 128 and above)"
         fields.warnings.append(
@@ -121,7 +121,7 @@ def shown(specs_path: str, types: list[str], restarts: dict[str, Restart]) -> st
 
 
 def clean_pod_policy(path: str, value: object, workload_kind: str, fields: Fields) -> None:
-    """cleanPodPolicy against what a finished gang leaves (docs/gang-lifecycle.md): a StatefulSet gang is scaled to
+    """cleanPodPolicy against what a finished gang leaves (docs/use/gang-lifecycle.md): a StatefulSet gang is scaled to
     zero, so every pod is deleted (All); an Indexed Job's pods end with the gang and stay (Running, None)."""
     if workload_kind == "statefulset":
         if value != "All":
@@ -157,7 +157,7 @@ def run_policy(policy: dict, restarts: dict[str, Restart], specs_path: str, laun
                         "StatefulSets and the Service stay until trainhook delete; use --kind job for a TTL")
     suspend = policy.pop("suspend", False)
     if suspend and workload_kind == "job" and scheduler != "kueue":
-        lifecycle.job_spec["suspend"] = True  # resume every role's Job together (docs/convert.md)
+        lifecycle.job_spec["suspend"] = True  # resume every role's Job together (docs/use/convert.md)
     elif suspend:
         fields.drop("spec.runPolicy.suspend", suspend,
                     "Kueue suspends the jobs it queues; trainhook's pods wait in Kueue's queue instead"

@@ -54,7 +54,7 @@ ON_FAILURE = PREFIX + "on-failure"
 FAIL_GANG, RESTART_GANG = "fail-gang", "restart-gang"
 ON_FAILURE_VALUES = (FAIL_GANG, RESTART_GANG)
 # Annotation: which failures `restart-gang` retries and which fail the gang at once, as ordered rules
-# `ACTION: MATCHER, ...; ...` (launcher/failure_rules.py; docs/gang-lifecycle.md). Read through TH_FAILURE_RULES.
+# `ACTION: MATCHER, ...; ...` (launcher/failure_rules.py; docs/use/gang-lifecycle.md). Read through TH_FAILURE_RULES.
 FAILURE_RULES = PREFIX + "failure-rules"
 # Annotation: seconds the gang may run, from its first start, across restarts (then it fails).
 ACTIVE_DEADLINE_SECONDS = PREFIX + "active-deadline-seconds"
@@ -207,7 +207,7 @@ COORDINATOR_PORT = 29497
 # authenticate their coordination messages with it, so nothing outside the gang can end or restart it.
 TH_GANG_TOKEN = "TRAINHOOK_GANG_TOKEN"
 
-# --- The notary (issue 22, docs/security.md) -------------------------------------------------------------------
+# --- The notary (issue 22, docs/operate/security.md) -------------------------------------------------------------------
 # The pod's identity: a projected serviceAccountToken (audience IDENTITY_AUDIENCE) the webhook mounts read-only at
 # IDENTITY_DIR (file `token`) from the volume IDENTITY_VOLUME. The launcher presents it to the notary, which
 # checks it with a TokenReview (under `trainhook local`, the runner writes a random per-pod token there instead).

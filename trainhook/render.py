@@ -118,7 +118,7 @@ def workload(gang: Gang, role: str, replicas: int, template: dict) -> dict:
     server's Priority admission plugin resolves it before any webhook runs (a class the webhook adds later is
     refused on reinvocation, the pod already carrying the default priority). Kueue's keys go there too.
 
-    An Indexed Job gets `backoffLimit: 0` whatever the gang's on-failure policy (docs/gang-lifecycle.md): retrying
+    An Indexed Job gets `backoffLimit: 0` whatever the gang's on-failure policy (docs/use/gang-lifecycle.md): retrying
     the gang is its launchers' job (`restart-gang`, at most `max-restarts` times), and a Job retrying one pod on
     its own would start that pod outside the gang, on top of the gang's own restarts."""
     name = workload_name(gang, role)

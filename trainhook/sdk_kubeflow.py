@@ -4,7 +4,7 @@ Code written for Kubeflow's `TrainingClient` calls `create_job(job_kind="PyTorch
 resources_per_worker={"gpu": "2"}, env_vars=...)` or passes a `KubeflowOrgV1PyTorchJob` as `job`. Each name
 that means something for a trainhook gang is translated here, the same way Kubeflow's SDK builds its pod
 template (so the pods get what they would under Kubeflow); each that does not is refused with a message naming
-trainhook's counterpart, rather than a bare TypeError or a silently different gang. docs/sdk.md has the table.
+trainhook's counterpart, rather than a bare TypeError or a silently different gang. docs/use/sdk.md has the table.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ ENTRYPOINT, which admission cannot know without a registry call: it is refused u
 keys.ENTRYPOINT gives it (an MPI worker has nothing of its own to run, so it needs neither). `keys.LAUNCHER:
 none` opts the gang out of all of this.
 
-The delivered launcher also gets the pod's identity for the notary (docs/security.md), and only it: a
+The delivered launcher also gets the pod's identity for the notary (docs/operate/security.md), and only it: a
 projected ServiceAccount token of audience keys.IDENTITY_AUDIENCE in the volume keys.IDENTITY_VOLUME, mounted
 read-only at keys.IDENTITY_DIR in the training container, and the notary's URL and CA bundle in its environment
 (`identity_env`). The kubelet writes and refreshes the token; nothing secret is in the pod spec.

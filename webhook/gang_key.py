@@ -1,4 +1,4 @@
-"""The gang key: one secret per release, from which the notary derives every gang's signing key (docs/security.md).
+"""The gang key: one secret per release, from which the notary derives every gang's signing key (docs/operate/security.md).
 
 Why the webhook keeps it and Helm does not: a key Helm renders (`randAlphaNum` behind `lookup`) is new on every
 `helm template` (Argo CD, Flux), and on an uninstall and reinstall, and replicas that started on different renders

@@ -1,5 +1,5 @@
 """The gang lifecycle's settings for the launcher's `run`: what to do when a member fails, the restart budget,
-the deadline, and where the pod comes from (contract section 7; docs/gang-lifecycle.md)."""
+the deadline, and where the pod comes from (contract section 7; docs/use/gang-lifecycle.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The notary: a second HTTPS listener of the webhook that gives gang members their signing key and records, stops
-and emits on the gang's behalf (docs/security.md is the spec; its API table is the contract with launcher/).
+and emits on the gang's behalf (docs/operate/security.md is the spec; its API table is the contract with launcher/).
 
 A request carries the pod's projected token (audience `trainhook`). The notary asks its `Authority` who the token
 names (a TokenReview in a cluster), reads that pod and its gang's anchor (rank 0's pod and workload), and lets the

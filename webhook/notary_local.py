@@ -1,4 +1,4 @@
-"""The notary's authority under `trainhook local`: the runner's files play the API server (docs/security.md,
+"""The notary's authority under `trainhook local`: the runner's files play the API server (docs/operate/security.md,
 "`trainhook local`").
 
 In a cluster the notary asks the API server who a token names (TokenReview) and reads pods and workloads; a local

@@ -1,5 +1,5 @@
 """The notary's membership decision, pure: who a token names, where that pod stands in its gang, who the anchor
-is, and whether the pod belongs (docs/security.md, "Membership").
+is, and whether the pod belongs (docs/operate/security.md, "Membership").
 
 Every function takes objects already read from the API (as dicts, the API's own field names) and returns a
 decision or raises `Refusal` with the HTTP status and the reason the caller answers and logs. The gang itself

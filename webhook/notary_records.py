@@ -1,5 +1,5 @@
 """What the coordinator's record does to the cluster, pure: the outcome it posts (validated), the merge patch that
-records it on each workload, and the Events that say so in `kubectl describe` (docs/security.md, "What the
+records it on each workload, and the Events that say so in `kubectl describe` (docs/operate/security.md, "What the
 coordinator's record does").
 
 Bodies come from pods, so every field is checked and bounded here before anything reaches the API server: a

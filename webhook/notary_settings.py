@@ -1,5 +1,5 @@
 """The notary's settings: its flags, the URL gang pods dial and the CA that verifies it, and which authority answers
-(docs/security.md). Re-exported by webhook/notary.py, which server.py uses; kept apart so that notary.py is only
+(docs/operate/security.md). Re-exported by webhook/notary.py, which server.py uses; kept apart so that notary.py is only
 the order of the notary's I/O and its HTTP mapping.
 """
 
@@ -20,7 +20,7 @@ DEFAULT_PORT = 8444
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("notary", "the gang members' notary (docs/security.md): their signing key, "
+    group = parser.add_argument_group("notary", "the gang members' notary (docs/operate/security.md): their signing key, "
                                       "and the outcome recorded on their behalf")
     group.add_argument("--notary-authority", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY", "none"),
                        help="none (no notary), cluster (TokenReview and the API server, in-cluster or "

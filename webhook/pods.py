@@ -313,7 +313,7 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     configmap = settings.launcher_configmap if namespace in settings.launcher_namespaces else None
     delivered = deliver_launcher(spec, container, member, annotations, problems, configmap)
     if delivered and settings.notary_url and give_identity(spec, container, problems):
-        # Only a delivered launcher talks to the notary (docs/security.md); no key is ever in the spec.
+        # Only a delivered launcher talks to the notary (docs/operate/security.md); no key is ever in the spec.
         injected += identity_env(settings.notary_url, notary_ca_pem(settings))
     set_env(container, injected, warnings)
     set_tolerations(spec, gpus, namespace, settings)

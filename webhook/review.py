@@ -109,7 +109,7 @@ def _refused(uid: str, kind: str, message: str, reason: str) -> Reviewed:
 
 def review_scale(request: dict, workloads: Workloads | None) -> Reviewed:
     """A `statefulsets/scale` UPDATE (kubectl scale, an HPA, the launcher's scale to zero), checked against the
-    cached StatefulSet: the Scale in the review has no labels to say whether it is a gang (docs/webhook.md)."""
+    cached StatefulSet: the Scale in the review has no labels to say whether it is a gang (docs/operate/webhook.md)."""
     uid, kind = request["uid"], request["kind"]["kind"]
     resource = request.get("resource") if isinstance(request.get("resource"), dict) else {}
     if request["operation"] != "UPDATE" or resource.get("resource") != "statefulsets":

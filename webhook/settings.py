@@ -36,7 +36,7 @@ class Settings:
     # pods there mount it instead of getting the launcher from an init container. Empty until it is written.
     launcher_configmap: str = ""
     launcher_namespaces: frozenset = frozenset()
-    # The notary (docs/security.md, webhook/notary.py): its base URL as gang pods dial it
+    # The notary (docs/operate/security.md, webhook/notary.py): its base URL as gang pods dial it
     # (`https://<service>.<namespace>.svc:<port>`; empty when this webhook runs no notary, and then nothing is
     # injected), and the PEM CA bundle that verifies its certificate. `notary_ca` is either the PEM itself (a str:
     # the chart's caBundle in certificate mode `secret`) or a function returning the current PEM (self-managed and

@@ -4,7 +4,7 @@ Why: without the webhook, a running gang's StatefulSet or Job re-creates a pod t
 webhook's wiring (no RANK, no WORLD_SIZE, no launcher); it fails and restarts forever. And the notary goes with the
 webhook, so no member can get its gang's key again and no outcome is recorded (a finished StatefulSet is never
 scaled to zero: it restarts too). Nothing in Kubernetes says so at uninstall: this check does, before anything is
-deleted (docs/helm.md, "Uninstalling").
+deleted (docs/operate/helm.md, "Uninstalling").
 
 What counts as running: a pod labeled `trainhook.dev/framework` (a gang's pods always are: the label is on their
 template) that is Pending or Running and not being deleted, in a namespace the webhook serves (not the excluded
@@ -100,7 +100,7 @@ def report(found: dict, mode: str, release: str, namespace: str) -> tuple[int, s
         "Without the webhook, their workloads re-create pods unwired (no RANK, no WORLD_SIZE, no launcher), which "
         "fail and restart forever, and no gang's outcome can be recorded.",
         "Drain first: let them finish, or delete their workloads (kubectl delete statefulset NAME -n NAMESPACE); "
-        f"what still runs: kubectl get pods -A -l {keys.FRAMEWORK} (docs/helm.md, Uninstalling).",
+        f"what still runs: kubectl get pods -A -l {keys.FRAMEWORK} (docs/operate/helm.md, Uninstalling).",
         f"Then uninstall again; to uninstall anyway: {force}" if mode == "refuse" else
         "Their pods will not be re-created wired until trainhook is installed again."])
 

@@ -1,5 +1,5 @@
 """End-to-end tests on a real node (hack/node.py): kubelet, containerd, the pod network, cluster DNS, and the chart
-installed by Helm with images built from this repository (hack/images.py). See docs/control-plane.md.
+installed by Helm with images built from this repository (hack/images.py). See docs/develop/control-plane.md.
 
 Session fixtures, in the order they come up:
 - `node`: the node, started for this session (about 30 s with images cached; the first run also builds the

@@ -1,4 +1,4 @@
-"""The gang holds no keys to the cluster (issue 22, docs/security.md), shown on the node with a default
+"""The gang holds no keys to the cluster (issue 22, docs/operate/security.md), shown on the node with a default
 `helm install` and a fresh namespace named nowhere in the chart's values:
 
 - a StatefulSet gang of the user's image (nothing of trainhook in it) trains once; the notary records Succeeded on

@@ -1,4 +1,4 @@
-"""A failing member ends the whole gang on the node (docs/gang-lifecycle.md, "Failure"): a 3-pod StatefulSet
+"""A failing member ends the whole gang on the node (docs/use/gang-lifecycle.md, "Failure"): a 3-pod StatefulSet
 of the user's torch image (nothing of trainhook in it) whose rank 2 exits 3 after 2 s while the others would
 sleep 300 s. Under the launcher the webhook delivers, every other member's training is stopped within 10 s of the
 failure, the StatefulSet records Failed with exit code 3 and a reason naming rank 2, and it is scaled to zero so

@@ -208,7 +208,7 @@ def test_install_gang_upgrade_uninstall_and_reinstall(node, release):
         assert f"{later}/life-long: StatefulSet life-long (1 pod)" in said, said
         assert f"helm uninstall {RELEASE} -n {RELEASE_NAMESPACE} --no-hooks" in said, said
         # Nothing was deleted: the webhook serves on; Helm deleted the failed check's Job. Helm marks the release
-        # `uninstalling`, and `helm rollback` (docs/helm.md) makes it `deployed` again for upgrades.
+        # `uninstalling`, and `helm rollback` (docs/operate/helm.md) makes it `deployed` again for upgrades.
         assert len(webhook_pods(node)) == 2 and get(node, "mutatingwebhookconfiguration", RELEASE)
         assert not get(node, "jobs", "-n", RELEASE_NAMESPACE)["items"]
         print("status after the refusal:", release_status(node))

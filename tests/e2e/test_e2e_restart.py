@@ -5,7 +5,7 @@
 other ranks' training; when the restarted member's new launcher has connected, attempt 2 starts on every rank
 together, and this time the training ends: the gang succeeds after one gang restart, and no rank trains a third
 time. Only the killed member's container was restarted: the others' launchers stopped and restarted their
-training in place (docs/gang-lifecycle.md, "How it works" 4)."""
+training in place (docs/use/gang-lifecycle.md, "How it works" 4)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = parser.description or DESCRIPTION
     parser.epilog = ("While a run runs: `trainhook local scale [RUN_DIR] statefulset/NAME --replicas N` scales a "
                      "StatefulSet as kubectl scale would, `trainhook local delete [RUN_DIR] pod/NAME` deletes a pod "
-                     "(see docs/local.md).")
+                     "(see docs/use/local.md).")
     parser.add_argument("manifest", help="YAML file with Services, StatefulSets, Jobs, Pods, ConfigMaps ('-': stdin)")
     parser.add_argument("-n", "--namespace", help="namespace of objects that name none (default: default)")
     parser.add_argument("--dry-run", action="store_true",

@@ -13,7 +13,7 @@ Kubeflow's references, whose variable names and values are kept (only the addres
   v2 reaches workers over ssh; here the launcher reaches them through an rsh agent (`trainhook-launch kubexec`,
   contract section 6: the script at AGENT_PATH, Kubeflow v1's /etc/mpi/kubexec.sh, whose default transport is
   `gang`: each worker's own mpi-worker spawns the daemons, so no pod needs `pods/exec`; see
-  docs/frameworks/mpi.md), so Intel and MPICH also get the rsh bootstrap variables the contract names
+  docs/use/frameworks/mpi.md), so Intel and MPICH also get the rsh bootstrap variables the contract names
   (I_MPI_HYDRA_BOOTSTRAP=rsh, I_MPI_HYDRA_BOOTSTRAP_EXEC, HYDRA_LAUNCHER=rsh, HYDRA_LAUNCHER_EXEC) and OpenMPI
   v1's OMPI_MCA_plm_rsh_agent. v2's ssh-only `-o ConnectionAttempts=10` variables are not injected: the agent
   passes that option to ssh itself when the transport is ssh.
