@@ -20,7 +20,7 @@ from trainhook.explain import explain_text
 from trainhook.render import ACTIVE_DEADLINE_SECONDS, ON_FAILURE, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = (ROOT / "docs" / "convert.md").read_text()
+DOC = (ROOT / "docs" / "use" / "convert.md").read_text()
 PYTORCHJOB = yaml.safe_load((ROOT / "examples" / "kubeflow" / "pytorchjob.yaml").read_text())
 
 
