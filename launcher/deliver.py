@@ -140,6 +140,7 @@ def in_pod_modules() -> list[tuple[str, Path]]:
     top = Path(trainhook.__file__).parent
     launcher = Path(trainhook.launcher.__file__).parent
     files = [("trainhook/__init__.py", top / "__init__.py"), ("trainhook/keys.py", top / "keys.py")]
+    files += [(f"trainhook/gang/{path.name}", path) for path in sorted((top / "gang").glob("*.py"))]
     files += [(f"trainhook/launcher/{path.name}", path) for path in sorted(launcher.glob("*.py"))]
     return files
 

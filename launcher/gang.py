@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from trainhook import keys
+from trainhook.gang import shape as model
+from trainhook.gang.shape import Shape, ShapeError
+from trainhook.launcher.framework_rules import is_elastic
 
 
 class ConfigError(Exception):
@@ -98,17 +101,20 @@ class Problems(list):  # of str; `list[str]` as a base needs Python 3.9
 
 def parse_pairs(name: str, text: str, problems: list[str]) -> list[tuple[str, str]] | None:
     """Parse `key=value[,key=value]` keeping the order (TRAINHOOK_REPLICAS is in rank order); None on error."""
-    pairs: list[tuple[str, str]] = []
-    for part in text.split(","):
-        key, sep, value = (s.strip() for s in part.partition("="))
-        if not sep or not key or not value:
-            problems.append(f"{name}={text!r}: cannot parse {part.strip()!r}; expected role=value[,role=value]")
-            return None
-        if key in dict(pairs):
-            problems.append(f"{name}={text!r}: role {key!r} appears twice")
-            return None
-        pairs.append((key, value))
-    return pairs
+    try:
+        return model.split_pairs(text)
+    except ShapeError as e:
+        problems.append(shape_problem(name, text, e))
+        return None
+
+
+def shape_problem(name: str, text: str, error: ShapeError) -> str:
+    """The launcher's words for a TRAINHOOK_* value the gang model does not parse (trainhook/gang/shape.py)."""
+    why = {model.TWICE: f"role {error.part!r} appears twice",
+           model.COUNT: "counts must be non-negative integers",
+           model.EMPTY: "the gang has no members"}.get(
+        error.kind, f"cannot parse {error.part!r}; expected role=value[,role=value]")
+    return f"{name}={text!r}: {why}"
 
 
 def parse_number(env: Mapping[str, str], name: str, default: float | None, low: float, high: float,
@@ -131,28 +137,23 @@ def parse_number(env: Mapping[str, str], name: str, default: float | None, low: 
     return value
 
 
-def _shape(env: Mapping[str, str], problems: Problems) -> list[tuple[str, int]] | None:
+def _shape(env: Mapping[str, str], problems: Problems) -> Shape | None:
+    """TRAINHOOK_REPLICAS, in the order given (the webhook writes it in rank order)."""
     text = env.get(keys.TH_REPLICAS, "").strip()
     if not text:
         problems.missing(keys.TH_REPLICAS)
         return None
-    pairs = parse_pairs(keys.TH_REPLICAS, text, problems)
-    if pairs is None:
+    try:
+        return model.parse_shape(text)
+    except ShapeError as e:
+        problems.append(shape_problem(keys.TH_REPLICAS, text, e))
         return None
-    if not all(count.isdigit() for _, count in pairs):
-        problems.append(f"{keys.TH_REPLICAS}={text!r}: counts must be non-negative integers")
-        return None
-    shape = [(role, int(count)) for role, count in pairs]
-    if sum(count for _, count in shape) < 1:
-        problems.append(f"{keys.TH_REPLICAS}={text!r}: the gang has no members")
-        return None
-    return shape
 
 
-def build_peers(shape: list[tuple[str, int]], hosts: Mapping[str, str], subdomain: str) -> tuple[Peer, ...]:
+def build_peers(shape: Shape, hosts: Mapping[str, str], subdomain: str) -> tuple[Peer, ...]:
     """Every member in global rank order: roles in the order given, indexes ascending (Kubeflow's ranking)."""
     peers: list[Peer] = []
-    for role, count in shape:
+    for role, count in shape.counts:
         for index in range(count):
             peers.append(Peer(role, index, len(peers), f"{hosts[role]}-{index}.{subdomain}"))
     return tuple(peers)
@@ -165,23 +166,21 @@ def elastic_range(env: Mapping[str, str], framework: str, problems: list[str]) -
     name, text = keys.TH_ELASTIC, env.get(keys.TH_ELASTIC, "").strip()
     if not text and env.get(keys.PET_RDZV_BACKEND, "").strip() and ":" in env.get(keys.PET_NNODES, ""):
         name, text = keys.PET_NNODES, env.get(keys.PET_NNODES, "").strip()
-    if framework != keys.PYTORCH or not text:
+    if not is_elastic(framework) or not text:
         return None
-    low, _, high = text.partition(":")
-    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+    try:
+        return model.parse_range(text)
+    except ShapeError:
         problems.append(f"{name}={text!r}: not an elastic range min:max with 1 <= min <= max "
                         f"(the {keys.ELASTIC} annotation)")
         return None
-    return int(low), int(high)
 
 
-def elastic_shape(shape: list[tuple[str, int]], elastic: tuple[int, int]) -> list[tuple[str, int]]:
+def elastic_shape(shape: Shape, elastic: tuple[int, int]) -> Shape:
     """The shape an elastic gang may grow to: its last role (the workers) extended so the gang has `max`
     members. The stamped shape is the size it was created with; a scale within min..max never re-stamps it
     (the scale subresource carries no template), so the launcher counts peers up to max instead."""
-    others = sum(count for _, count in shape[:-1])
-    role, count = shape[-1]
-    return shape[:-1] + [(role, max(count, elastic[1] - others))]
+    return model.elastic_shape(shape, shape.roles[-1], elastic)
 
 
 def parse_gang(env: Mapping[str, str]) -> Gang:
@@ -215,16 +214,16 @@ def parse_gang(env: Mapping[str, str]) -> Gang:
     rank = -1
     if shape is not None and elastic is not None:
         grown = elastic_shape(shape, elastic)
-        if role and index is not None and dict(grown).get(role) and index >= dict(grown)[role]:
+        if role and index is not None and grown.count(role) and index >= grown.count(role):
             problems.append(f"{keys.TH_INDEX}={env.get(keys.TH_INDEX)!r}: this pod is beyond the elastic gang's "
                             f"maximum of {elastic[1]} members ({keys.ELASTIC}={elastic[0]}:{elastic[1]}); scale the "
-                            f"workload to at most {dict(grown)[role]} {role} replicas, or raise the maximum")
+                            f"workload to at most {grown.count(role)} {role} replicas, or raise the maximum")
             index = None  # said once, here, rather than again as "role has only N members"
         shape = grown
     if shape is not None:
-        counts = dict(shape)
+        counts = dict(shape.counts)
         if hosts_text and hosts:
-            for name in [r for r, count in shape if count and r not in hosts]:
+            for name in [r for r, count in shape.counts if count and r not in hosts]:
                 problems.append(f"{keys.TH_HOSTS}={hosts_text!r}: no hostname prefix for role {name!r}, "
                                 f"which has members in {keys.TH_REPLICAS}")
         if role and not counts.get(role):
@@ -234,7 +233,7 @@ def parse_gang(env: Mapping[str, str]) -> Gang:
             problems.append(f"{keys.TH_INDEX}={env.get(keys.TH_INDEX)!r}: role {role!r} has only "
                             f"{counts[role]} member(s) in {keys.TH_REPLICAS}")
         elif role and index is not None:
-            rank = sum(count for r, count in shape[:[r for r, _ in shape].index(role)]) + int(index)
+            rank = shape.rank(role, int(index))
             given = env.get(keys.TH_RANK, "").strip()
             if given and given != str(rank):
                 problems.append(f"{keys.TH_RANK}={given!r}: {role}-{index} has rank {rank} in "

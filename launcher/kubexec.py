@@ -41,12 +41,12 @@ from typing import Mapping, Sequence
 from urllib.parse import quote, urlencode
 
 from trainhook import keys
+from trainhook.keys import TH_MPI_TRANSPORT  # defined in keys.py; read from here by mpi_launch too
 from trainhook.launcher import deliver, kube_api, mpi_exec, mpi_local
 from trainhook.launcher.gang import ConfigError
 from trainhook.launcher.lifecycle import SERVICE_ACCOUNT_DIR, TH_SERVICE_ACCOUNT_DIR
 from trainhook.launcher.wiring import AGENT_PATH
 
-TH_MPI_TRANSPORT = "TRAINHOOK_MPI_TRANSPORT"
 TRANSPORTS = ("gang", "kubexec", "ssh", "local")  # mpi_control.TRANSPORTS
 DEFAULT_TRANSPORT = "gang"
 EXIT_AGENT_FAILED = 255

@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-TH_LOCAL_RUN_DIR = "TRAINHOOK_LOCAL_RUN_DIR"
+from trainhook.keys import TH_LOCAL_RUN_DIR  # defined in keys.py; used (and read by kubexec) from here
+
 SANDBOX_FILE = "sandbox.json"  # trainhook.local.pods.SANDBOX_FILE
 PODEXEC = "podexec"  # RUN_DIR/podexec, written by trainhook.local.podexec.install
 MOUNTINFO = Path("/proc/self/mountinfo")

@@ -1,10 +1,10 @@
-"""The pure pieces of a gang's wiring that the webhook injects and the launcher recomputes at run time: the gang's
-shape, MPI's variables, hostfile and roles, and TensorFlow's TF_CONFIG.
+"""The pure pieces of a gang's wiring that the webhook injects and the launcher recomputes at run time:
+MPI's variables, hostfile and roles, and TensorFlow's TF_CONFIG (the gang's shape is trainhook/gang/shape.py).
 
 One copy, here, on the launcher's side: the launcher is delivered into the user's image and runs on its Python
 with the standard library only (deliver.py), so it cannot import the webhook; the webhook imports these from
 here (trainhook.webhook.gang, trainhook.webhook.frameworks.mpi and .tensorflow re-export them), so both sides
-always agree on formats and roles. A leaf module: it imports nothing but the standard library.
+always agree on formats and roles. It imports nothing but the standard library, trainhook.keys and trainhook.gang.shape.
 
 Kubeflow's references for the values: docs/use/frameworks/mpi.md and docs/use/frameworks/tensorflow.md, and the
 docstrings of webhook/frameworks/mpi.py and tensorflow.py.
@@ -13,38 +13,12 @@ docstrings of webhook/frameworks/mpi.py and tensorflow.py.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-
-@dataclass(frozen=True)
-class Shape:
-    """The gang's roles and replica counts, in rank order (master/chief first, as Kubeflow ranks them)."""
-
-    counts: tuple[tuple[str, int], ...]
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        return tuple(role for role, _ in self.counts)
-
-    @property
-    def size(self) -> int:
-        return sum(count for _, count in self.counts)
-
-    def count(self, role: str) -> int:
-        return dict(self.counts).get(role, 0)
-
-    def first_rank(self, role: str) -> int:
-        """The global rank of index 0 of `role`: the sizes of the roles ranked before it."""
-        rank = 0
-        for name, count in self.counts:
-            if name == role:
-                return rank
-            rank += count
-        raise KeyError(role)
-
-    def __str__(self) -> str:
-        return ",".join(f"{role}={count}" for role, count in self.counts)
+# trainhook's own, read by `trainhook-launch mpirun` / `mpi-worker`: defined in trainhook/keys.py, re-exported here.
+from trainhook.keys import TH_MPI_IMPLEMENTATION, TH_MPI_SLOTS
+# The shape's home is trainhook/gang/shape.py; re-exported here for the MPI and TensorFlow wiring below.
+from trainhook.gang.shape import Shape
 
 
 # --- MPI ------------------------------------------------------------------------------------------------------
@@ -79,10 +53,6 @@ HYDRA_LAUNCHER_EXEC = "HYDRA_LAUNCHER_EXEC"
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 NVIDIA_DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 
-# trainhook's own, read by `trainhook-launch mpirun` / `mpi-worker`: the implementation (launcher only) and this
-# pod's slots (every pod: a worker reports its own to the launcher, which writes them into the hostfile).
-TH_MPI_IMPLEMENTATION = "TRAINHOOK_MPI_IMPLEMENTATION"
-TH_MPI_SLOTS = "TRAINHOOK_MPI_SLOTS"
 
 # Per implementation: (hostfile variable, agent variable, slots variable or "") as the launcher reads them.
 FILE_VARIABLES: dict[str, tuple[str, str, str]] = {

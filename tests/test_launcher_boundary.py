@@ -1,7 +1,8 @@
 """The in-pod module set runs anywhere a Python 3.8+ does, with the standard library alone.
 
 The launcher is delivered into the user's own training image and run by that image's Python (deliver.py): the
-set is trainhook/__init__.py, trainhook/keys.py and every module of launcher/ (installed as trainhook.launcher).
+set is trainhook/__init__.py, trainhook/keys.py, the gang model (trainhook/gang/) and every module of launcher/
+(installed as trainhook.launcher).
 What holds it:
 - every import in the set (inside functions too) is of the standard library or of the set itself;
 - the set is Python 3.8 (vermin finds the library features newer than that; ast.parse with feature_version
@@ -43,6 +44,8 @@ PYTHONS = sorted(glob.glob("/root/.pyenv/versions/3.8*/bin/python")) + [sys.exec
 def in_pod_set() -> dict[str, Path]:
     """Module name -> source file, for every module of the in-pod set."""
     modules = {"trainhook": TOP / "__init__.py", "trainhook.keys": TOP / "keys.py"}
+    for path in sorted((TOP / "gang").glob("*.py")):
+        modules["trainhook.gang" if path.stem == "__init__" else f"trainhook.gang.{path.stem}"] = path
     for path in sorted(LAUNCHER.glob("*.py")):
         modules["trainhook.launcher" if path.stem == "__init__" else f"trainhook.launcher.{path.stem}"] = path
     return modules
@@ -57,13 +60,13 @@ def build_launcher_zip(path: Path) -> Path:
 
 def test_the_delivered_zip_holds_exactly_the_in_pod_set():
     names = set(zipfile.ZipFile(io.BytesIO(deliver.build_zip())).namelist())
-    expected = {("/".join(m.split(".")) + ("/__init__.py" if m in ("trainhook", "trainhook.launcher") else ".py"))
+    expected = {("/".join(m.split(".")) + ("/__init__.py" if m in PACKAGES else ".py"))
                 for m in in_pod_set()}
     assert names == expected | {"__main__.py"}
 
 
 def relative(path: Path) -> str:
-    return f"trainhook/{path.name}" if path.parent == TOP else f"launcher/{path.name}"
+    return f"trainhook/{path.name}" if path.parent == TOP else f"{path.parent.name}/{path.name}"
 
 
 # --- only the standard library -----------------------------------------------------------------------------------
@@ -77,7 +80,7 @@ def type_checking_only(tree: ast.Module) -> set[int]:
     return skipped
 
 
-PACKAGES = ("trainhook", "trainhook.launcher")
+PACKAGES = ("trainhook", "trainhook.gang", "trainhook.launcher")
 
 
 def imported_modules(tree: ast.Module, package: str) -> list[str]:

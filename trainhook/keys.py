@@ -219,6 +219,18 @@ IDENTITY_AUDIENCE = "trainhook"
 TH_NOTARY = "TRAINHOOK_NOTARY"
 TH_NOTARY_CA = "TRAINHOOK_NOTARY_CA"
 
+# --- TRAINHOOK_* read by the launcher's MPI transports and `trainhook local` -------------------------------------
+# Injected by the webhook (webhook/frameworks/mpi.py): the MPI implementation (launcher only) and this pod's slots
+# (every pod: a worker reports its own to the launcher, which writes them into the hostfile).
+TH_MPI_IMPLEMENTATION = "TRAINHOOK_MPI_IMPLEMENTATION"
+TH_MPI_SLOTS = "TRAINHOOK_MPI_SLOTS"
+# A user's choice of how mpirun reaches the workers: gang, kubexec, ssh or local (launcher/kubexec.py).
+TH_MPI_TRANSPORT = "TRAINHOOK_MPI_TRANSPORT"
+# Set by `trainhook local` on its pods: the run's directory (launcher/mpi_local.py), and a mark on every process of
+# one container, which finds them all when the container ends (trainhook/local/containers.py).
+TH_LOCAL_RUN_DIR = "TRAINHOOK_LOCAL_RUN_DIR"
+TH_LOCAL_CONTAINER = "TRAINHOOK_LOCAL_CONTAINER"
+
 # --- Known keys: a misspelled key is worse than an error (issue 25) ---------------------------------------------
 # Every constant of this module under PREFIX is a key trainhook reads or writes, so the known keys are collected
 # from the module itself (`known_keys`): a key added above is known everywhere at once. These are labels (what

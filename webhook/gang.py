@@ -10,8 +10,9 @@ import re
 from dataclasses import dataclass, field
 
 from trainhook import keys
-# Shape's one copy is the launcher's (it runs on an image's Python, without the webhook); used and re-exported here.
-from trainhook.launcher.wiring import Shape
+from trainhook.gang import shape as model
+# Shape's one copy is the gang model's (trainhook/gang/shape.py, shared with the launcher); re-exported here.
+from trainhook.gang.shape import Shape, ShapeError
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -62,31 +63,23 @@ def check_gang_size(size: int, key: str, value: object, problems: Problems) -> b
 
 
 def parse_shape(text: str, framework: str, problems: Problems) -> Shape | None:
-    """Parse `role=count[,role=count]`; roles come back in the framework's rank order."""
+    """Parse `role=count[,role=count]` (trainhook/gang/shape.py) as an annotation of a `framework` gang: its roles
+    only, at most MAX_GANG_SIZE members; roles come back in the framework's rank order."""
     order = keys.ROLES.get(framework, ())
-    fix = f"write role=count pairs separated by commas, e.g. {order[0] if order else 'worker'}=1,worker=3"
-    counts: dict[str, int] = {}
-    for part in text.split(","):
-        role, sep, count = part.strip().partition("=")
-        role, count = role.strip(), count.strip()
-        if not sep or not role or not count.isdigit():
-            problems.add(keys.REPLICAS, text, f"cannot parse {part.strip()!r}", fix)
-            return None
-        if order and role not in order:
-            problems.add(keys.REPLICAS, text, f"{role!r} is not a {framework} role",
-                         f"use roles from {', '.join(order)}")
-            return None
-        if role in counts:
-            problems.add(keys.REPLICAS, text, f"role {role!r} appears twice", "list each role once")
-            return None
-        counts[role] = int(count)
-    if sum(counts.values()) < 1:
-        problems.add(keys.REPLICAS, text, "the gang has no replicas", "give at least one role a count >= 1")
+    try:
+        shape = model.parse_shape(text, order)
+    except ShapeError as e:
+        why, fix = {
+            model.ROLE: (f"{e.part!r} is not a {framework} role", f"use roles from {', '.join(order)}"),
+            model.TWICE: (f"role {e.part!r} appears twice", "list each role once"),
+            model.EMPTY: ("the gang has no replicas", "give at least one role a count >= 1"),
+        }.get(e.kind, (f"cannot parse {e.part!r}", "write role=count pairs separated by commas, e.g. "
+                                                    f"{order[0] if order else 'worker'}=1,worker=3"))
+        problems.add(keys.REPLICAS, text, why, fix)
         return None
-    if not check_gang_size(sum(counts.values()), keys.REPLICAS, text, problems):
+    if not check_gang_size(shape.size, keys.REPLICAS, text, problems):
         return None
-    ordered = sorted(counts.items(), key=lambda item: order.index(item[0]) if item[0] in order else 0)
-    return Shape(tuple(ordered))
+    return shape.in_order(order)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any
 
 from trainhook import keys
 from trainhook.webhook.delivery import deliver_launcher, delivered_by_configmap, give_identity, identity_env
-from trainhook.webhook.frameworks import framework_env, framework_pod_hook
-from trainhook.webhook.frameworks.pytorch import elastic_shape, parse_elastic
+from trainhook.gang.shape import elastic_shape
+from trainhook.webhook.frameworks import elastic_range, framework_env, framework_pod_hook
 from trainhook.webhook.gang import DNS_LABEL, Member, Problems, parse_shape
 from trainhook.webhook.jsondiff import json_copy
 from trainhook.webhook.lifecycle import check_lifecycle_options, lifecycle_env
@@ -139,7 +139,7 @@ def member_of(pod: dict, namespace: str, problems: Problems) -> Member | None:
                      f"use one of {', '.join(keys.GANG_WAIT_MODES)}")
     if shape is None or index is None or not job_name or role not in keys.ROLES[framework]:
         return None
-    elastic = parse_elastic(annotations.get(keys.ELASTIC, "")) if framework == keys.PYTORCH else None
+    elastic = elastic_range(framework, annotations.get(keys.ELASTIC))
     if elastic is not None:  # any index below max: the gang may be scaled within min..max while it runs
         shape = elastic_shape(shape, role, elastic)
     if index >= shape.count(role) and elastic is not None:
@@ -158,9 +158,9 @@ def member_of(pod: dict, namespace: str, problems: Problems) -> Member | None:
 
 
 def elastic_gang_env(member: Member) -> list[tuple[str, str]]:
-    """TRAINHOOK_ELASTIC=min:max for an elastic PyTorch gang: the gang wait (which has no PET_* variables) and the
-    launcher wait for min members, not all max the shape allows."""
-    elastic = parse_elastic(member.option(keys.ELASTIC)) if member.framework == keys.PYTORCH else None
+    """TRAINHOOK_ELASTIC=min:max for an elastic gang (PyTorch's): the gang wait (which has no PET_* variables) and
+    the launcher wait for min members, not all max the shape allows."""
+    elastic = elastic_range(member.framework, member.option(keys.ELASTIC))
     return [(keys.TH_ELASTIC, f"{elastic[0]}:{elastic[1]}")] if elastic else []
 
 

@@ -15,23 +15,14 @@ API call), `trainhook local scale` with the object it keeps.
 from __future__ import annotations
 
 from trainhook import keys
-from trainhook.webhook.frameworks.pytorch import parse_elastic
+from trainhook.gang.lookup import setting
+from trainhook.gang.shape import ShapeError, parse_range, parse_shape
+from trainhook.webhook.frameworks import is_elastic
 from trainhook.webhook.gang import Problems
 from trainhook.webhook.workloads import identity_labels, template_labels
 
 # The field a scale changes, per workload kind.
 SIZE_FIELD = {"StatefulSet": "spec.replicas", "Job": "spec.parallelism"}
-
-
-def _annotation(workload: dict, key: str) -> str | None:
-    """A trainhook annotation as the pods see it: the template's (stamped by the webhook), else the workload's."""
-    spec = workload.get("spec") or {}
-    template_meta = (spec.get("template") or {}).get("metadata") or {}
-    own = (workload.get("metadata") or {}).get("annotations") or {}
-    for found in (template_meta.get("annotations") or {}, own):
-        if isinstance(found, dict) and found.get(key) is not None:
-            return str(found[key])
-    return None
 
 
 def is_gang(workload: dict) -> bool:
@@ -50,17 +41,17 @@ def current_size(workload: dict) -> int:
 
 
 def stamped_count(workload: dict, role: str) -> tuple[str | None, int | None, int]:
-    """(the stamped `trainhook.dev/replicas` text, this role's count in it, the other roles' total)."""
-    text = _annotation(workload, keys.REPLICAS)
+    """(the stamped `trainhook.dev/replicas` text, this role's count in it, the other roles' total); the counts are
+    None and 0 when the text does not parse."""
+    text = setting(workload, keys.REPLICAS)  # the template's (the webhook's stamp), as the pods see it
     if text is None:
         return None, None, 0
-    counts: dict[str, int] = {}
-    for part in text.split(","):
-        name, _, count = part.strip().partition("=")
-        if count.strip().isdigit():
-            counts[name.strip()] = int(count)
-    mine = counts.pop(role, None)
-    return text, mine, sum(counts.values())
+    try:
+        shape = parse_shape(text)
+    except ShapeError:
+        return text, None, 0
+    mine = shape.count(role) if role in shape.roles else None
+    return text, mine, shape.size - shape.count(role)
 
 
 def check_scale(workload: dict, new_replicas: int) -> str | None:
@@ -84,13 +75,13 @@ def check_scale(workload: dict, new_replicas: int) -> str | None:
     meta = workload.get("metadata") or {}
     name = f"{kind} {meta.get('namespace') or 'default'}/{meta.get('name', '')}"
     text, stamped, others = stamped_count(workload, role)
-    elastic_text = _annotation(workload, keys.ELASTIC) if framework == keys.PYTORCH else None
+    elastic_text = setting(workload, keys.ELASTIC) if is_elastic(framework) else None
     if elastic_text is not None:
-        elastic = parse_elastic(elastic_text)
-        if elastic is None:
+        try:
+            low, high = parse_range(elastic_text)
+        except ShapeError:
             return (f"{name}: {keys.ELASTIC}={elastic_text!r} is not an elastic range, so the gang cannot be "
                     f"scaled; write min:max with 1 <= min <= max, e.g. 2:4")
-        low, high = elastic
         if low <= others + new_replicas <= high:
             return None
         return (f"{name} is an elastic {framework} gang of {low} to {high} members ({keys.ELASTIC}={elastic_text!r}); "

@@ -9,9 +9,10 @@ from __future__ import annotations
 import copy
 
 from trainhook import keys
+from trainhook.gang.lookup import LABELS, lookup, template_metadata
+from trainhook.gang.shape import ShapeError, parse_range
 from trainhook.webhook.delivery import check_template
-from trainhook.webhook.frameworks import check_shape
-from trainhook.webhook.frameworks.pytorch import parse_elastic
+from trainhook.webhook.frameworks import check_shape, is_elastic
 from trainhook.webhook.gang import Problems, Shape, check_gang_size, parse_shape
 from trainhook.webhook.lifecycle import check_lifecycle_options
 from trainhook.webhook.resources import check_extended_resources
@@ -28,10 +29,16 @@ IDENTITY_LABELS = (keys.FRAMEWORK, keys.JOB_NAME, keys.ROLE)
 
 def template_labels(obj: dict) -> dict:
     """The labels on the workload's pod template ({} when it has none, or a malformed template)."""
-    template = (obj.get("spec") or {}).get("template") or {}
-    meta = template.get("metadata") if isinstance(template, dict) else None
-    labels = meta.get("labels") if isinstance(meta, dict) else None
+    labels = template_metadata(obj).get("labels")
     return labels if isinstance(labels, dict) else {}
+
+
+def refuse_conflict(obj: dict, found, problems: Problems) -> None:
+    """A setting written on the workload and on its pod template with different values (trainhook/gang/lookup.py):
+    a pod sees only its template's, `trainhook status` finds workloads by their own labels, and the webhook cannot
+    tell which one the user meant."""
+    if found.conflict:
+        problems.add(found.key, found.workload, *found.refusal(obj.get("kind") or "workload"))
 
 
 def identity_labels(obj: dict, problems: Problems) -> dict[str, str]:
@@ -39,21 +46,24 @@ def identity_labels(obj: dict, problems: Problems) -> dict[str, str]:
 
     Either place works, as for annotations: templates are what select pods, so many users label only those, and
     a multi-role gang read from the workload alone would take every member for a `worker` named after its own
-    workload. Where both places say something, they must say the same: a pod sees only its template's labels,
-    `trainhook status` finds workloads by their own, and the webhook cannot tell which one the user meant.
+    workload. Where both places say something, they must say the same (`refuse_conflict`).
     """
-    kind = obj.get("kind") or "workload"
-    own = obj.get("metadata", {}).get("labels") or {}
-    template = template_labels(obj)
     found = {}
     for key in IDENTITY_LABELS:
-        mine, theirs = own.get(key) or None, template.get(key) or None  # an empty label is an unset one
-        if mine is not None and theirs is not None and mine != theirs:
-            problems.add(key, mine, f"the {kind}'s label says {mine!r} but its pod template's says {theirs!r}",
-                         "make the two agree, or write the label in one place only")
-        if mine is not None or theirs is not None:
-            found[key] = mine if mine is not None else theirs
+        setting = lookup(obj, key, LABELS)
+        refuse_conflict(obj, setting, problems)
+        if setting.value is not None:
+            found[key] = setting.value
     return found
+
+
+def check_settings_agree(obj: dict, problems: Problems) -> None:
+    """Every trainhook annotation written on both the workload and its pod template says the same there, as the
+    identity labels must. Not trainhook.dev/replicas: on a template it is the webhook's own stamp of the shape
+    (`workload_shape`, `check_template_shape`)."""
+    for key in keys.USER_ANNOTATIONS:
+        if key != keys.REPLICAS:
+            refuse_conflict(obj, lookup(obj, key), problems)
 
 
 def gang_identity(obj: dict, problems: Problems) -> tuple[str, str, str]:
@@ -71,18 +81,18 @@ def gang_identity(obj: dict, problems: Problems) -> tuple[str, str, str]:
 
 
 def elastic_option(obj: dict, framework: str, problems: Problems) -> tuple[int, int] | None:
-    """A PyTorch gang's `trainhook.dev/elastic` (min, max), the template's winning as it does when stamped."""
-    if framework != keys.PYTORCH:
+    """An elastic framework's `trainhook.dev/elastic` (min, max), looked up as every setting is (the template's,
+    then the workload's: trainhook/gang/lookup.py)."""
+    if not is_elastic(framework):
         return None
-    meta_annotations = obj.get("metadata", {}).get("annotations") or {}
-    template_annotations = obj["spec"].get("template", {}).get("metadata", {}).get("annotations") or {}
-    text = template_annotations.get(keys.ELASTIC, meta_annotations.get(keys.ELASTIC))
+    text = lookup(obj, keys.ELASTIC).value
     if text is None:
         return None
-    parsed = parse_elastic(str(text))
-    if parsed is None:
+    try:
+        return parse_range(text)
+    except ShapeError:
         problems.add(keys.ELASTIC, text, "not an elastic range", "write min:max with 1 <= min <= max, e.g. 2:4")
-    return parsed
+        return None
 
 
 def check_elastic_size(elastic: tuple[int, int], others: int, replicas: int, field: str,
@@ -104,11 +114,10 @@ def workload_shape(obj: dict, framework: str, role: str, replicas: int, field: s
     elastic gang's is its largest shape (max members) whatever the replica count: a change of spec.replicas
     within min..max (kubectl apply, an HPA) then leaves the template alone, and no running pod is rolled.
     """
-    meta_annotations = obj.get("metadata", {}).get("annotations") or {}
-    template_annotations = obj["spec"].get("template", {}).get("metadata", {}).get("annotations") or {}
-    text = meta_annotations.get(keys.REPLICAS)
-    if text is None and "," in template_annotations.get(keys.REPLICAS, ""):
-        text = template_annotations[keys.REPLICAS]
+    written = lookup(obj, keys.REPLICAS)
+    text = written.workload
+    if text is None and "," in (written.template or ""):
+        text = written.template
     if text is None and elastic is not None:
         check_elastic_size(elastic, 0, replicas, field, problems)
         high = elastic[1]
@@ -185,6 +194,7 @@ def mutate_statefulset(sts: dict, operation: str, warnings: list[str]) -> tuple[
     problems = Problems()
     spec = sts.setdefault("spec", {})
     framework, job_name, role = gang_identity(sts, problems)
+    check_settings_agree(sts, problems)
     if not spec.get("serviceName"):
         problems.add("spec.serviceName", spec.get("serviceName"), "peers resolve each other through it",
                      f"set it to the headless Service's name (e.g. {job_name or 'the job name'})")
@@ -215,6 +225,7 @@ def mutate_job(job: dict, operation: str, warnings: list[str]) -> tuple[dict, Pr
         return job, problems
     spec = job.setdefault("spec", {})
     framework, job_name, role = gang_identity(job, problems)
+    check_settings_agree(job, problems)
     completions = spec.get("completions")
     if not isinstance(completions, int) or completions < 1:
         problems.add("spec.completions", completions, "an Indexed Job gang needs its size",

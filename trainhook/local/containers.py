@@ -12,8 +12,9 @@ import os
 import signal
 from pathlib import Path
 
-# Set on every container's processes: what finds them all when the container ends (`_kill_session`).
-TH_LOCAL_CONTAINER = "TRAINHOOK_LOCAL_CONTAINER"
+# TH_LOCAL_CONTAINER is set on every container's processes: what finds them all when the container ends
+# (`_kill_session`).
+from trainhook.keys import TH_LOCAL_CONTAINER
 
 
 async def exited(proc: asyncio.subprocess.Process, poll: float = 0.05) -> int:

@@ -5,7 +5,9 @@ Each framework is a module of this package named after it (`pytorch.py`, `tensor
 `Problems` list for options it cannot use. It returns the variables in the order they should appear, before
 the user's own. A framework without a module injects only the TRAINHOOK_* variables. A module may also have
 `check_shape(shape, problems)`: the workload's own admission calls it, so a shape the framework cannot run is
-refused at `kubectl apply`, not later when the controller's pods are refused out of the user's sight.
+refused at `kubectl apply`, not later when the controller's pods are refused out of the user's sight. A module
+whose gangs may change size while they run says `ELASTIC = True` (PyTorch's): only then is `trainhook.dev/elastic`
+read (`is_elastic`, `elastic_range`), and no code outside this package names a framework to decide it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from functools import cache
 from typing import Callable
 
 from trainhook import keys
+from trainhook.gang.shape import ShapeError, parse_range
 from trainhook.webhook.gang import Member, Problems, Shape
 
 EnvBuilder = Callable[[Member, int, Problems], list[tuple[str, str]]]
@@ -48,3 +51,20 @@ def check_shape(framework: str, shape: Shape, problems: Problems) -> None:
     module = module_for(framework)
     if module is not None and hasattr(module, "check_shape"):
         module.check_shape(shape, problems)
+
+
+def is_elastic(framework: str) -> bool:
+    """Whether `framework`'s gangs may change size while they run (its module's ELASTIC)."""
+    return bool(getattr(module_for(framework), "ELASTIC", False))
+
+
+def elastic_range(framework: str, text: str | None) -> tuple[int, int] | None:
+    """(min, max) of a `trainhook.dev/elastic` value on a pod of an elastic framework; None for any other
+    framework, without the annotation, or when it is not a range (its workload's admission refused that, and the
+    framework's environment builder names it)."""
+    if not text or not is_elastic(framework):
+        return None
+    try:
+        return parse_range(text)
+    except ShapeError:
+        return None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 from trainhook import keys
+from trainhook.gang.shape import ShapeError, parse_range
 from trainhook.webhook.gang import Member, Problems, Shape, at_most_one
 
-ELASTIC_RANGE = re.compile(r"^(\d+):(\d+)$")
+# A PyTorch gang may be elastic (`trainhook.dev/elastic: min:max`): torchrun's c10d rendezvous forms the world, so
+# the gang may change size while it runs; its pods are wired for the range's maximum (frameworks.elastic_range).
+# The launcher's table says the same (launcher/framework_rules.py).
+ELASTIC = True
 
 
 def nproc_per_node(member: Member, gpus: int, problems: Problems) -> tuple[str, int]:
@@ -28,34 +30,16 @@ def nproc_per_node(member: Member, gpus: int, problems: Problems) -> tuple[str, 
     return "1", 1
 
 
-def parse_elastic(text: str) -> tuple[int, int] | None:
-    """(min, max) of a `trainhook.dev/elastic` value, or None when it is not `min:max` with 1 <= min <= max."""
-    match = ELASTIC_RANGE.match(text.strip())
-    if not match or not 1 <= int(match[1]) <= int(match[2]):
-        return None
-    return int(match[1]), int(match[2])
-
-
 def elastic_range(member: Member, problems: Problems) -> tuple[int, int] | None:
-    """The `min:max` of an elastic gang, validated against its shape; None when the gang is not elastic."""
+    """The `min:max` of an elastic gang (trainhook/gang/shape.py); None when the gang is not elastic."""
     text = member.option(keys.ELASTIC).strip()
     if not text:
         return None
-    parsed = parse_elastic(text)
-    if parsed is None:
+    try:
+        return parse_range(text)
+    except ShapeError:
         problems.add(keys.ELASTIC, text, "not an elastic range", "write min:max with 1 <= min <= max, e.g. 2:4")
-    return parsed
-
-
-def elastic_shape(shape: Shape, role: str, elastic: tuple[int, int]) -> Shape:
-    """The shape an elastic gang may grow to: `role` extended so the gang has `max` members (never shrunk).
-
-    Every pod of an elastic gang is wired with this one shape (TRAINHOOK_REPLICAS, the indices admitted),
-    whatever the gang's size is at the moment, so scaling within min..max changes no pod's wiring and no
-    template (the launcher's `gang.elastic_shape` reads it the same way)."""
-    others = shape.size - shape.count(role)
-    grown = max(shape.count(role), elastic[1] - others)
-    return Shape(tuple((name, grown if name == role else count) for name, count in shape.counts))
+        return None
 
 
 def check_shape(shape: Shape, problems: Problems) -> None:
