@@ -270,7 +270,8 @@ def main() -> None:
     print(json.dumps({k: results[k] for k in ("machine", "ratios", "review_only_us")}, indent=2))
     for name in SERIES:
         r = results[name]
-        print(f"{name:9s} {r['throughput_rps']:7.0f}/s ({r['throughput_min_max'][0]:.0f}-{r['throughput_min_max'][1]:.0f}) "
+        low, high = r["throughput_min_max"]
+        print(f"{name:9s} {r['throughput_rps']:7.0f}/s ({low:.0f}-{high:.0f}) "
               f"server {r['server_cpu_us_per_review']:.0f} us CPU/review, core busy {r['server_core_busy']:.2f}, "
               f"client busy {r['client_core_busy']:.2f}; "
               + " ".join(f"{f['rate']}/s p50 {f['p50_ms']:.1f} p99 {f['p99_ms']:.1f} ms" for f in r["fixed"]))

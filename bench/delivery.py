@@ -68,7 +68,8 @@ def interleaved(a: list[str], b: list[str], repeat: int, env: dict | None = None
 def review_samples(tree: Path, rounds: int) -> list[float]:
     code = REVIEW_PROBE.format(tests=str(tree / "tests"), tree=str(tree), rounds=rounds)
     env = {**os.environ, "PYTHONPATH": str(tree / "build-path")}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tree / "build-path")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=tree / "build-path")
     if done.returncode != 0:
         raise RuntimeError(f"the review probe failed in {tree}:\n{done.stderr}")
     return json.loads(done.stdout)
@@ -122,7 +123,7 @@ def main() -> int:
                 here, there = [], []
                 copy = Path(scratch) / "here"
                 shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__"))
-                for i in range(6):
+                for _ in range(6):
                     for tree, into in ((source_tree(copy), here), (source_tree(base), there)):
                         into.extend(review_samples(tree, 10))
                 results["review_us"], results["baseline_review_us"] = (statistics.median(here),

@@ -176,7 +176,8 @@ def run_by_hand(pods: int, workdir: Path) -> dict:
     text = "".join((workdir / f"{JOB}-{i}" / "log").read_text() for i in range(pods))
     ranks = loop_lines(text)
     if len(ranks) < pods:
-        raise RuntimeError(f"torchrun by hand: exit codes {codes}, ranks in their loop: {sorted(ranks)}\n{text[-4000:]}")
+        raise RuntimeError(f"torchrun by hand: exit codes {codes}, ranks in their loop: {sorted(ranks)}\n"
+                           f"{text[-4000:]}")
     failed = f"exit codes {codes}; the last words:\n{text[-1500:]}" if any(codes) else ""
     return {"starts": starts, "mains": starts, "ranks": ranks, "failed": failed}
 

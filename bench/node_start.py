@@ -132,8 +132,9 @@ def one_round(node: Node, variant: str, size: int, workload: str = "torch", time
         deadline = time.monotonic() + timeout
         while len(ranks) < size:
             if time.monotonic() > deadline:
-                logs = "".join(f"\n--- {name}-{i}\n" + node.kubectl("logs", "-n", NAMESPACE, f"{name}-{i}", "-c", "trainer",
-                                                                   "--tail=15", check=False) for i in range(size))
+                logs = "".join(f"\n--- {name}-{i}\n" + node.kubectl("logs", "-n", NAMESPACE, f"{name}-{i}", "-c",
+                                                                   "trainer", "--tail=15", check=False)
+                               for i in range(size))
                 pods = node.kubectl("get", "pods,events", "-n", NAMESPACE, check=False)
                 raise RuntimeError(f"{name}: only ranks {sorted(ranks)} reached their loop in {timeout:.0f}s{logs}\n"
                                    f"{pods}")

@@ -92,7 +92,8 @@ def plot_gang_start(results: dict) -> None:
 def main() -> None:
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON results are (default %(default)s)")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="where the JSON results are (default %(default)s)")
     results = parser.parse_args().results
     plot_admission(json.loads((results / "admission.json").read_text()))
     gang = results / "gang_start.json"

@@ -298,7 +298,7 @@ class ControlPlane:
         (self.state_dir / STATE_FILE).write_text(json.dumps(data, indent=1))
 
     @classmethod
-    def load(cls, state_dir: Path) -> "ControlPlane | None":
+    def load(cls, state_dir: Path) -> ControlPlane | None:
         try:
             data = json.loads((state_dir / STATE_FILE).read_text())
         except (OSError, ValueError):

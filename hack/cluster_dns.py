@@ -311,7 +311,8 @@ def make_resolver(records: Records, log: logging.Logger, counter: QueryCounter |
             reply.header.rcode = answer.rcode
             reply.header.aa = int(answer.authoritative)
             for rr in answer.records:
-                reply.add_answer(DnsRR(rr.name + ".", getattr(QTYPE, rr.rtype), ttl=TTL, rdata=rdata[rr.rtype](rr.data)))
+                reply.add_answer(DnsRR(rr.name + ".", getattr(QTYPE, rr.rtype), ttl=TTL,
+                                       rdata=rdata[rr.rtype](rr.data)))
             if answer.rcode in (NOERROR, NXDOMAIN) and not answer.records:
                 reply.add_auth(DnsRR(records.domain + ".", QTYPE.SOA, ttl=TTL, rdata=soa))
             return reply

@@ -12,10 +12,10 @@ nothing is pulled, not even a base image.
 | webhook  | images/webhook.Dockerfile, unchanged, with --build-arg PYTHON_IMAGE=<base>                 |
 | launcher | images/launcher.Dockerfile, likewise                                                       |
 | torch    | images/examples/torch.Dockerfile: base + CPU torch, no trainhook (an example training image)|
-| mpi      | images/examples/mpi.Dockerfile: base + Debian's OpenMPI, mpi4py and ssh, no trainhook (an MPI training image) |
+| mpi      | images/examples/mpi.Dockerfile: base + Debian's OpenMPI, mpi4py and ssh, no trainhook (MPI training) |
 | tensorflow | images/examples/tensorflow.Dockerfile: base + CPU TensorFlow, no trainhook                   |
 | xgboost  | images/examples/xgboost.Dockerfile: base + xgboost-cpu, no trainhook                       |
-| noshell  | base with every shell removed (sh, dash, bash): Python and no shell, as distroless and Chainguard Python are |
+| noshell  | base with every shell removed (sh, dash, bash): Python and no shell, as distroless and Chainguard are |
 | bare     | noshell's removals and Python's too: neither shell nor Python                              |
 
 Every image is keyed on its inputs (the Dockerfile, the files it copies, its base's key, the recipe below):

@@ -68,7 +68,7 @@ class Node:
         (self.paths.run / NODE_FILE).write_text(json.dumps(data, indent=1))
 
     @classmethod
-    def load(cls, state_dir: Path) -> "Node | None":
+    def load(cls, state_dir: Path) -> Node | None:
         try:
             data = json.loads((state_dir / "run" / NODE_FILE).read_text())
         except (OSError, ValueError):
@@ -154,7 +154,7 @@ def _import_images(node: Node, built: dict) -> None:
     stale = sorted(ref for ref in present if ref.startswith("localhost/trainhook/") and ref not in wanted)
     if stale:
         host.ctr(node.paths, "images", "rm", *stale, check=False)
-    for name, image in built.items():
+    for image in built.values():
         if image.ref not in present:
             t0 = time.monotonic()
             host.ctr(node.paths, "images", "import", image.archive(images_mod.cache_dir()))

@@ -267,7 +267,7 @@ class WebSocket:
             if not data:
                 self.closed = True
             self.buffer += data
-        messages = []
+        messages: list[bytes] = []
         while True:
             frame = decode_frame(self.buffer)
             if frame is None:

@@ -110,7 +110,7 @@ class Doorway:
         self.server: socket.socket | None = None
         self.thread = threading.Thread(target=self._accept_loop, name="trainhook-doorway", daemon=True)
 
-    def __enter__(self) -> "Doorway":
+    def __enter__(self) -> Doorway:
         directory = self.path.parent
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(directory, 0o700)  # an existing directory too: the mode is the access control

@@ -86,7 +86,7 @@ class Tail:
             if not take(seq, line, budget):
                 break
         if not chosen and any(entries.values()):  # one line longer than the whole budget: its end
-            line = max((e for kept in entries.values() for e in kept))[1]
+            line = max(e for kept in entries.values() for e in kept)[1]
             return line.encode("utf-8")[-(self.tail_bytes - 1):].decode("utf-8", "ignore")
         return "\n".join(line for _, line in sorted(chosen.items()))
 

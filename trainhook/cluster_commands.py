@@ -190,8 +190,8 @@ def list_main(args: argparse.Namespace) -> int:
 # --- logs ---------------------------------------------------------------------------------------------------
 
 def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Every pod's log in rank order, each line prefixed with [pod]. A finished gang whose pods are "
-                          "gone (a StatefulSet gang is scaled to zero) shows the last lines kept with its outcome "
+    parser.description = ("Every pod's log in rank order, each line prefixed with [pod]. A finished gang whose pods "
+                          "are gone (a StatefulSet gang is scaled to zero) shows the last lines kept with its outcome "
                           "(the deciding rank's and rank 0's), said so on stderr.")
     parser.add_argument("name", help="the gang's name")
     parser.add_argument("-f", "--follow", action="store_true",

@@ -105,7 +105,8 @@ def restart_policies(restarts: dict[str, Restart], backoff: int | None, specs_pa
             f"{fields.where}: {shown(specs_path, exit_code, restarts)} next to "
             f"{shown(specs_path, any_code, restarts)}: a gang has one set of failure rules, "
             f"'{ANY_EXIT_CODE_RULES}' ({keys.FAILURE_RULES}), so their exits 1-127 restart the gang too, where "
-            "Kubeflow fails the job; edit the annotation in the output to choose (docs/use/gang-lifecycle.md#failure-rules)")
+            "Kubeflow fails the job; edit the annotation in the output to choose "
+            "(docs/use/gang-lifecycle.md#failure-rules)")
     if never:
         rules = f"'{ANY_EXIT_CODE_RULES}'" if any_code else "the default failure rules (exit codes 128 and above)"
         fields.warnings.append(

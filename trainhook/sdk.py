@@ -154,7 +154,7 @@ class TrainingClient:
             self._cluster.close()
             self._cluster = None
 
-    def __enter__(self) -> "TrainingClient":
+    def __enter__(self) -> TrainingClient:
         return self
 
     def __exit__(self, *exc) -> None:

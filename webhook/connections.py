@@ -80,7 +80,8 @@ class RateLimitedLog:
     """Counts events and logs them at most once per LOG_INTERVAL, so a flood of clients cannot flood the log."""
 
     def __init__(self, message: str) -> None:
-        self.message, self.counts, self.last = message, {}, float("-inf")
+        self.message, self.last = message, float("-inf")
+        self.counts: dict[str, int] = {}
 
     def count(self, reason: str) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1

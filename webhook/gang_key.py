@@ -1,4 +1,5 @@
-"""The gang key: one secret per release, from which the notary derives every gang's signing key (docs/operate/security.md).
+"""The gang key: one secret per release, from which the notary derives every gang's signing key
+(docs/operate/security.md).
 
 Why the webhook keeps it and Helm does not: a key Helm renders (`randAlphaNum` behind `lookup`) is new on every
 `helm template` (Argo CD, Flux), and on an uninstall and reinstall, and replicas that started on different renders
@@ -28,7 +29,8 @@ import hashlib
 import json
 import logging
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("trainhook.webhook.gang_key")
 

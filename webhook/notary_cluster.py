@@ -1,7 +1,7 @@
 """The notary's authority in a cluster: TokenReview and the API server, with the webhook's own ServiceAccount.
 
-Every call is one the chart's notary ClusterRole grants, with its reason (docs/operate/security.md, "Every permission the
-chart grants"): tokenreviews create; pods get/list; statefulsets get/patch; statefulsets/scale patch; jobs
+Every call is one the chart's notary ClusterRole grants, with its reason (docs/operate/security.md, "Every permission
+the chart grants"): tokenreviews create; pods get/list; statefulsets get/patch; statefulsets/scale patch; jobs
 get/patch; events create. The `kubernetes` client is blocking: each call runs on a thread of the authority's own
 pool (sized to the client's connection pool, so a gang's burst neither waits on the event loop's small default
 executor, shared with the webhook's other work, nor opens connections the pool then throws away), under a

@@ -20,8 +20,8 @@ DEFAULT_PORT = 8444
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("notary", "the gang members' notary (docs/operate/security.md): their signing key, "
-                                      "and the outcome recorded on their behalf")
+    group = parser.add_argument_group("notary", "the gang members' notary (docs/operate/security.md): their signing "
+                                      "key, and the outcome recorded on their behalf")
     group.add_argument("--notary-authority", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_AUTHORITY", "none"),
                        help="none (no notary), cluster (TokenReview and the API server, in-cluster or "
                             "KUBECONFIG) or local:RUN_DIR (a trainhook local run's files) "

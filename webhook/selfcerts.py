@@ -220,7 +220,7 @@ class SelfManagedCerts:
 
     def _ensure_ca_bundle(self, ca_pem: bytes) -> bool:
         """Put `ca_pem` into every webhook's caBundle unless it is there; True when it patched."""
-        for attempt in range(MAX_CONFLICTS):
+        for _attempt in range(MAX_CONFLICTS):
             config = self._read_config()
             if config is None:
                 self.ca_bundle_in_place = False

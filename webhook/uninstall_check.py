@@ -65,7 +65,8 @@ def gangs(pods: Iterable[dict]) -> dict[tuple[str, str], dict[str, int]]:
 def describe(found: dict[tuple[str, str], dict[str, int]]) -> list[str]:
     lines = []
     for (namespace, gang), workloads in sorted(found.items())[:MAX_SHOWN]:
-        parts = [f"{workload} ({count} pod{'s' if count != 1 else ''})" for workload, count in sorted(workloads.items())]
+        parts = [f"{workload} ({count} pod{'s' if count != 1 else ''})"
+                 for workload, count in sorted(workloads.items())]
         lines.append(f"  {namespace}/{gang}: {', '.join(parts)}")
     if len(found) > MAX_SHOWN:
         lines.append(f"  ... and {len(found) - MAX_SHOWN} more")

@@ -140,7 +140,8 @@ def seed_corpus(directory: Path) -> None:
     """Seeds: reviews of the objects users write and of the pods the controllers make of the mutated
     workloads (from the tests' builders)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-    from objects import bare_pod, indexed_job, pod_of_job, pod_of_statefulset, review as make_review, service, statefulset
+    from objects import bare_pod, indexed_job, pod_of_job, pod_of_statefulset, service, statefulset
+    from objects import review as make_review
 
     from trainhook.webhook.mutate import mutate
 

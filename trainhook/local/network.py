@@ -5,7 +5,8 @@ Layout of a run (id `abc123`):
   netns `th-abc123-<i>` pod i: `lo`, and `eth0` with address 10.244.<octet>.<i+2>/24, no default route
 Addresses exist only inside the switch; no interface is created in the caller's namespace and no route leads
 out, so pods reach each other and nothing else. The bridge itself has 10.244.<octet>.1 (`gateway`), where the
-runner listens for the one service of its own that pods use: the notary's relay (`listen_on_switch`). Names carry the run id, so parallel runs never collide.
+runner listens for the one service of its own that pods use: the notary's relay (`listen_on_switch`). Names carry
+the run id, so parallel runs never collide.
 `Network.close()` deletes everything it created and is safe to call twice; use the network as a context manager.
 """
 

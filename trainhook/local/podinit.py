@@ -1,14 +1,15 @@
 """The last step into a local pod: runs inside the pod's network namespace and a fresh mount + UTS namespace.
 
     nsenter --net=/run/netns/NS unshare --mount --uts --propagation private -- \\
-        python -I -S .../trainhook/local/podinit.py --hosts FILE --hostname H [--mount SRC:DST[:ro] ...] [--workdir D] -- CMD...
+        python -I -S .../trainhook/local/podinit.py --hosts FILE --hostname H [--mount SRC:DST[:ro] ...] \\
+            [--workdir D] -- CMD...
 
 It bind-mounts the pod's hosts file over /etc/hosts and its volumes over their mount paths (mount points are
 created when missing, which needs root), sets the hostname, changes directory and execs CMD with the
 environment it was given. Only the standard library is used (so it runs as a script with -I -S: no
 site-packages, no environment, a third of the start-up time of `-m`; every container of a local pod starts
-through it), and nothing runs after the exec, so CMD is the process the supervisor signals and waits for. Errors exit 127 (command not found) or 126 (setup failed), as a
-container runtime reports a container that cannot start.
+through it), and nothing runs after the exec, so CMD is the process the supervisor signals and waits for. Errors
+exit 127 (command not found) or 126 (setup failed), as a container runtime reports a container that cannot start.
 """
 
 from __future__ import annotations

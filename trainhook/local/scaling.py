@@ -24,7 +24,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from trainhook.launcher.ending import write_atomically
 from trainhook.local.admission import AdmissionClient, AdmissionError
