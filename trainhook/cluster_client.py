@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainhook import keys
+from trainhook.gang.lookup import LABELS, setting
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # (apiVersion, kind) -> plural, for every kind a gang is made of. Core kinds go through CoreV1Api.
@@ -90,12 +91,9 @@ def default_namespace(kubeconfig: str | None = None, context: str | None = None)
 
 def workload_job_name(obj: dict) -> str:
     """A workload's gang name: its job-name label, written on the workload or on its pod template (either place
-    works, as in admission), else the workload's own name."""
-    for meta in (obj.get("metadata") or {}, ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}):
-        name = (meta.get("labels") or {}).get(keys.JOB_NAME)
-        if name:
-            return name
-    return (obj.get("metadata") or {}).get("name", "")
+    works, as in admission; the template's first, as its pods carry it: trainhook/gang/lookup.py), else the
+    workload's own name."""
+    return setting(obj, keys.JOB_NAME, LABELS) or (obj.get("metadata") or {}).get("name", "")
 
 
 def snake(kind: str) -> str:

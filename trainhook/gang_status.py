@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainhook import keys
+from trainhook.gang.lookup import LABELS, setting
+from trainhook.gang.shape import size_of
 from trainhook.launcher.lifecycle import Outcome
 
 TERMINAL = ("Succeeded", "Failed")
@@ -147,18 +149,11 @@ def job_condition(workload: dict) -> str:
     return ""
 
 
-def shape_size(text: str) -> int:
-    return sum(int(count) for _, _, count in (part.partition("=") for part in text.split(",")) if count.isdigit())
-
-
 def template_shape(workload: dict) -> str:
-    """The shape the webhook stamped on the pod template (`trainhook.dev/replicas`), or the workload's own."""
-    template = ((workload.get("spec") or {}).get("template") or {}).get("metadata") or {}
-    for annotations in (template.get("annotations") or {}, (workload.get("metadata") or {}).get("annotations") or {}):
-        text = str(annotations.get(keys.REPLICAS, ""))
-        if text and shape_size(text):
-            return text
-    return ""
+    """The shape the webhook stamped on the pod template (`trainhook.dev/replicas`), or the workload's own (the one
+    lookup, trainhook/gang/lookup.py); "" when neither is a shape with members."""
+    text = setting(workload, keys.REPLICAS) or ""
+    return text if size_of(text) else ""
 
 
 def gang_shape(workloads: list[dict], pods: list[dict]) -> tuple[str, int]:
@@ -168,14 +163,14 @@ def gang_shape(workloads: list[dict], pods: list[dict]) -> tuple[str, int]:
     for workload in workloads:
         text = template_shape(workload)
         if "," in text:
-            return text, shape_size(text)
+            return text, size_of(text)
     if workloads:
         counts = []
         for w in workloads:
-            role = ((w.get("metadata") or {}).get("labels") or {}).get(keys.ROLE, "worker")
+            role = setting(w, keys.ROLE, LABELS) or "worker"
             size = workload_size(w)
             if size == 0 and template_shape(w):
-                size = shape_size(template_shape(w))
+                size = size_of(template_shape(w))
             counts.append((role, size))
         return ",".join(f"{role}={count}" for role, count in counts), sum(count for _, count in counts)
     for pod in pods:
@@ -183,7 +178,7 @@ def gang_shape(workloads: list[dict], pods: list[dict]) -> tuple[str, int]:
             for item in container.get("env") or []:
                 if item.get("name") == keys.TH_REPLICAS:
                     text = str(item.get("value", ""))
-                    return text, sum(int(part.partition("=")[2] or 0) for part in text.split(",") if "=" in part)
+                    return text, size_of(text)
     return "", len(pods)
 
 
@@ -264,8 +259,9 @@ def gang_state(name: str, namespace: str, workloads: list[dict], pods: list[dict
     states = sorted((pod_state(p) for p in pods),
                     key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.name))
     shape, size = gang_shape(workloads, pods)
-    labels = [((o.get("metadata") or {}).get("labels") or {}) for o in workloads + pods]
-    framework = next((l[keys.FRAMEWORK] for l in labels if keys.FRAMEWORK in l), "")
+    found = [setting(w, keys.FRAMEWORK, LABELS) for w in workloads]
+    found += [((p.get("metadata") or {}).get("labels") or {}).get(keys.FRAMEWORK) for p in pods]
+    framework = next((f for f in found if f), "")
     result, detail = outcome(workloads, states, size)
     return GangState(name=name, namespace=namespace, framework=framework, shape=shape, size=size,
                      workloads=[f"{w.get('kind', '').lower()}/{w['metadata']['name']}" for w in workloads],
