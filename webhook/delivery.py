@@ -28,7 +28,7 @@ import shlex
 
 from trainhook import keys
 from trainhook.webhook import launcher_configmap
-from trainhook.webhook.frameworks.mpi import LAUNCHER, WORKER
+from trainhook.webhook.frameworks import launcher_words
 from trainhook.webhook.gang import Member, Problems, Shape
 
 MOUNT = {"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR, "readOnly": True}
@@ -91,15 +91,6 @@ def entrypoint(container: dict, annotations: dict, problems: Problems) -> list[s
                      f"annotation {keys.ENTRYPOINT}, or opt out with {keys.LAUNCHER}: none")
         return None
     return parse_entrypoint(text, problems)
-
-
-def launcher_words(framework: str, role: str, shape: Shape) -> list[str]:
-    """The subcommand that wraps a member's training: run, or MPI's launcher/worker commands."""
-    if framework != keys.MPI:
-        return ["run", "--"]
-    if role == WORKER and shape.count(LAUNCHER) > 0:
-        return ["mpi-worker", "--"]
-    return ["mpirun", "--"]
 
 
 def needs_no_command(framework: str, role: str, shape: Shape) -> bool:

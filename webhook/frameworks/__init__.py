@@ -47,6 +47,15 @@ def framework_pod_hook(member: Member, spec: dict, container: dict, problems: Pr
         module.mutate_pod_spec(member, spec, container, problems)
 
 
+def launcher_words(framework: str, role: str, shape: Shape) -> list[str]:
+    """The trainhook-launch subcommand that wraps a member's training: the framework's own (`launcher_words`,
+    MPI's mpirun and mpi-worker), else `run`."""
+    module = module_for(framework)
+    if module is not None and hasattr(module, "launcher_words"):
+        return module.launcher_words(role, shape)
+    return ["run", "--"]
+
+
 def check_shape(framework: str, shape: Shape, problems: Problems) -> None:
     module = module_for(framework)
     if module is not None and hasattr(module, "check_shape"):

@@ -92,6 +92,14 @@ def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, 
     return [(K_MPI_JOB_ROLE, WORKER), (TH_MPI_SLOTS, str(slots))]
 
 
+def launcher_words(role: str, shape: Shape) -> list[str]:
+    """The subcommand that wraps a member's training (frameworks.launcher_words): mpirun on the launcher (or worker
+    0 of a gang without one), mpi-worker on the workers of a gang with a launcher."""
+    if role == WORKER and shape.count(LAUNCHER) > 0:
+        return ["mpi-worker", "--"]
+    return ["mpirun", "--"]
+
+
 def mutate_pod_spec(member: Member, spec: dict, container: dict, problems: Problems) -> None:
     """Give the training container a writable /etc/mpi (an emptyDir named as Kubeflow's ConfigMap volume) for
     the hostfile and the agent script. A container that already mounts something at /etc/mpi keeps it (it must
