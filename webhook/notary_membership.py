@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 from trainhook import keys
+from trainhook.gang.lookup import LABELS, lookup
 from trainhook.webhook.gang import Member, Problems
 from trainhook.webhook.pods import member_of
 
@@ -218,10 +219,10 @@ def anchor_workload_of(anchor: dict) -> WorkloadRef:
 
 
 def carries_job(workload: dict, job: str) -> bool:
-    """Whether a workload is labeled (on itself or its pod template) as a workload of gang `job`."""
-    labels = (workload.get("metadata") or {}).get("labels") or {}
-    template = (((workload.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
-    return labels.get(keys.JOB_NAME) == job or template.get(keys.JOB_NAME) == job
+    """Whether a workload is labeled (on itself or its pod template: either place, read by trainhook/gang/lookup.py)
+    as a workload of gang `job`."""
+    found = lookup(workload, keys.JOB_NAME, LABELS)
+    return job in (found.workload, found.template)
 
 
 def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workload: dict | None) -> Gang:
