@@ -7,16 +7,22 @@ everything after their name through untouched, because the wrapped command's own
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from typing import Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Sequence
 
 from trainhook import keys
 from trainhook.launcher.gang import ConfigError, parse_gang
 
+if TYPE_CHECKING:
+    import argparse
+
 # The modules behind the commands are imported when their command runs: the gang-wait init container starts
 # once in every pod, beside the training's own start, and the MPI launcher's modules alone took 30 ms of it.
+# argparse too, with the parser of every command: `run -- CMD` and the other pass-through commands have nothing
+# for it to parse, and every training container's launcher starts with one (issue 26: a start is CPU, and 25 of
+# them share a node's 2 cores).
 
 EXIT_USAGE = 2
 PASSTHROUGH = ("run", "torchrun")  # subcommands whose arguments belong to the command they start
@@ -99,6 +105,7 @@ runs beside it for its lifetime, e.g. `trainhook-launch mpi-worker -- /usr/sbin/
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse  # only where there is something to parse (see above)
     parser = argparse.ArgumentParser(prog="trainhook-launch", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -195,13 +202,13 @@ HANDLERS = {"wait": do_wait, "install": do_install, "run": do_run, "torchrun": d
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     if argv and argv[0] in PASSTHROUGH and argv[1:2] not in (["-h"], ["--help"]):
-        # argparse would try to read the wrapped command's own flags (`torchrun --nproc-per-node 2 x.py`).
-        args = parser.parse_args(argv[:1])
-        args.cmd = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+        # argparse would try to read the wrapped command's own flags (`torchrun --nproc-per-node 2 x.py`), and
+        # the command's name is all there is to parse: no parser (what parse_args(argv[:1]) gave, field for field).
+        args: argparse.Namespace | SimpleNamespace = SimpleNamespace(
+            command=argv[0], cmd=argv[2:] if argv[1:2] == ["--"] else argv[1:])
     else:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     try:
         return HANDLERS[args.command](args)
     except ConfigError as e:

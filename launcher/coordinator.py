@@ -47,7 +47,7 @@ from trainhook.launcher.lifecycle import (ACTIVE_DEADLINE_SECONDS, EXIT_DEADLINE
                                           FAILED, RESTART_GANG, SUCCEEDED, Outcome, Policy, now_rfc3339)
 from trainhook.launcher.failure_rules import LOST_PEER, describe_code
 from trainhook.launcher.pending import PendingConnections
-from trainhook.launcher.wait import describe, listen
+from trainhook.launcher.reach import describe, listen
 
 ASSEMBLING, RUNNING_PHASE, RESTARTING, DONE_PHASE = "assembling", "running", "restarting", "done"
 TICK = 0.5

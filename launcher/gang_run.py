@@ -40,18 +40,21 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainhook import keys
 from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher import ending, failure_cause, identity
-from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, Report
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
+from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, now_rfc3339,
                                           read_settings)
 from trainhook.launcher.reach import Backoff, PeerAddress, connect, retry_floor, search_domain
 from trainhook.launcher.run import EXIT_NOT_FOUND, FORWARDED, Training, reap_exited, run_command
+
+if TYPE_CHECKING:  # only rank 0 runs a coordinator: a member's start does not import it (issue 26)
+    from trainhook.launcher.coordinator import Coordinator
 
 POLL = 0.2
 DELIVERY_TIMEOUT = 10.0  # how long rank 0 waits for every member to hear the outcome before it leaves
@@ -251,6 +254,7 @@ class Member:
         known = self.read_marker()
         if gang.rank == 0:
             known = known or self.recorded_outcome()
+            from trainhook.launcher.coordinator import Coordinator  # rank 0's alone: members never import it
             self.coordinator = Coordinator(gang, settings.policy, settings.key, settings.port,
                                            notify=self.emit_event)
             try:

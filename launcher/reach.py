@@ -27,12 +27,13 @@ import ipaddress
 import random
 import socket
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 FIRST_DELAY, GROWTH, MAX_DELAY = 0.1, 1.5, 5.0
 CAP_SHARE = 0.05  # the cap rises to this share of the time waited: a late answer costs at most ~5% more waiting
 REFUSED_FLOOR = 0.1  # the cap's starting value while a known address refuses (see retry_floor)
 REUSE_FOR = 10.0  # seconds a resolved address is reused while connects to it are refused
+LISTED = 8  # members named in one message; the rest are counted
 
 
 class Backoff:
@@ -150,3 +151,23 @@ def connect(peer: PeerAddress, port: int, timeout: float) -> socket.socket:
     except OSError as e:
         peer.failed(e)
         raise
+
+
+# Shared by the gang wait (wait.py), the coordinator and the MPI launcher; here, not in wait.py, so that rank 0's
+# coordinator does not import the whole gang wait to name peers and listen (issue 26: every module a start imports
+# costs it CPU).
+def describe(peers: Iterable[object], limit: int = LISTED) -> str:
+    """A readable list of peers, cut at `limit` so a 512-pod gang does not print a page per line."""
+    items = [str(p) for p in peers]
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def listen(port: int) -> socket.socket:
+    """Listen on every interface, IPv6 and IPv4 where the pod has both, IPv4 alone otherwise."""
+    if socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024)
+        except OSError:
+            pass  # IPv6 disabled in this pod's network: fall back to IPv4
+    return socket.create_server(("", port), backlog=1024)

@@ -40,9 +40,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from trainhook.launcher.gang import Gang, Peer
-from trainhook.launcher.reach import Backoff, PeerAddress, connect, qualified, retry_floor, search_domain
+from trainhook.launcher.reach import (LISTED, Backoff, PeerAddress, connect, describe, listen, qualified, retry_floor,
+                                     search_domain)
 
-__all__ = ["Backoff", "qualified", "search_domain", "wait"]  # Backoff and the names: launcher/reach.py
+# Backoff, the names, describe and listen: launcher/reach.py
+__all__ = ["Backoff", "describe", "listen", "qualified", "search_domain", "wait"]
 
 EXIT_FAILED = 1  # the gang did not assemble in time (the message names who), or the barrier port is taken
 PROTOCOL = "trainhook-gang/2"  # /1 was the symmetric all-to-all barrier; a /1 hello is refused by name
@@ -50,18 +52,10 @@ MEMBER_FLOOR, GATHER_FLOOR = 0.5, 0.25  # the cap's starting value: rank 0's pol
 FULL_PASS_EVERY = 10.0  # rank 0 resolves every missing member's name at least this often (see wait_gathering)
 REPORT_EVERY = 30.0  # seconds between progress lines when nothing changes
 CONNECT_TIMEOUT = 5.0
-LISTED = 8  # members named in one message; the rest are counted
 
 
 def say(message: str, err: bool = False) -> None:
     print(f"trainhook-launch wait: {message}", file=sys.stderr if err else sys.stdout, flush=True)
-
-
-def describe(peers: Iterable[Peer], limit: int = LISTED) -> str:
-    """A readable list of peers, cut at `limit` so a 512-pod gang does not print a page per line."""
-    items = [str(p) for p in peers]
-    more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    return ", ".join(items[:limit]) + more
 
 
 class Progress:
@@ -246,16 +240,6 @@ def why(error: OSError) -> str:
     if isinstance(error, (socket.timeout, TimeoutError)):
         return "connection timed out"
     return error.strerror or type(error).__name__
-
-
-def listen(port: int) -> socket.socket:
-    """Listen on every interface, IPv6 and IPv4 where the pod has both, IPv4 alone otherwise."""
-    if socket.has_dualstack_ipv6():
-        try:
-            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024)
-        except OSError:
-            pass  # IPv6 disabled in this pod's network: fall back to IPv4
-    return socket.create_server(("", port), backlog=1024)
 
 
 class Gathering:
