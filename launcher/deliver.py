@@ -22,13 +22,31 @@ wherever there is a /bin/sh, which every machine running `trainhook local` has),
 Why build the zip here rather than ship one in the image: it is made from the very modules the launcher image
 runs, so the two can never disagree, and it costs a few milliseconds (tests/test_delivery.py measures it).
 Entries carry a fixed timestamp, so the same modules always give the same bytes.
+
+Bytecode beside the sources (issue 26): every training container's launcher imports its modules from the zip,
+and a zip of sources alone made each one compile them all again: on a 2-core node where 25 launchers start at
+once, that was most of a start's CPU (bench/launcher_start.py, docs/performance.md). So each module's `.py`
+has a `.pyc` beside it, compiled by the Python that builds the zip, where zipimport looks first. It is
+hash-based and unchecked (PEP 552): no timestamp to go stale, and no hashing of the source at each import
+(the zip is read-only and the pair is written together). An image whose Python has another magic number (another
+minor version) finds a foreign header, ignores the .pyc and compiles the .py as before (tests/test_delivery_
+bytecode.py runs both). The code objects name their files as the source would in a pod
+(/trainhook/launcher.pyz/trainhook/launcher/run.py), so a traceback reads the same either way.
+
+Not every module gets one: bytecode is about 2.2 times the size of its deflated source, and the zip and the entry
+program share a ConfigMap's 1 MiB (webhook/launcher_configmap.py), where the entry is 20 KB built with musl but
+680 KB where only glibc can link it statically. So SOURCE_ONLY names the modules no gang's `run` or `torchrun`
+start imports (the MPI family, the API client, the gang wait the init container runs from its own image), which
+compile as before; tests/test_delivery_bytecode.py checks that a member's and rank 0's start import none of them.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import io
+import marshal
 import os
 import shutil
 import subprocess
@@ -67,6 +85,11 @@ echo "trainhook-launch: no python3 or python on PATH in this image; {FIX}" >&2
 exit 127
 '''
 
+
+# Modules of trainhook.launcher shipped without bytecode (see the module docstring): none is imported by a gang's
+# `run` or `torchrun` start, and together they are 40% of the bytecode's size.
+SOURCE_ONLY = frozenset({"deliver", "kube_api", "kubexec", "mpi_control", "mpi_doorman", "mpi_exec", "mpi_launch",
+                         "mpi_local", "mpi_spawn", "mpi_worker", "outcome_api", "tf_config", "wait", "wiring"})
 
 ENTRY_SOURCE = Path(__file__).resolve().parent / "entry" / "trainhook-launch.c"
 # The images' build (images/*.Dockerfile) and compile_entry use these; tests/test_images.py holds them together.
@@ -145,15 +168,30 @@ def in_pod_modules() -> list[tuple[str, Path]]:
     return files
 
 
-def build_zip() -> bytes:
-    """The launcher zip's bytes: the in-pod modules and a __main__ that checks the Python version first."""
+def bytecode(name: str, source: bytes) -> bytes:
+    """The unchecked hash-based .pyc (PEP 552) of the zip's entry `name`, for this Python: its magic number,
+    flags 1 (hash-based, not checked against the source), the source's hash, then the marshalled code. The same
+    source gives the same bytes (tests/test_delivery_bytecode.py: in a fresh process too, so every webhook
+    replica names the same ConfigMap)."""
+    code = compile(source, f"{keys.LAUNCHER_DIR}/{ZIP_NAME}/{name}", "exec", dont_inherit=True)
+    return (importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little") + importlib.util.source_hash(source)
+            + marshal.dumps(code))
+
+
+def build_zip(bytecode_too: bool = True) -> bytes:
+    """The launcher zip's bytes: the in-pod modules and a __main__ that checks the Python version first, each
+    source with its .pyc beside it (`bytecode_too`; False gives the sources alone, for comparison)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, source in [("__main__.py", None), *in_pod_modules()]:
-            info = zipfile.ZipInfo(name, FIXED_TIME)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, MAIN if source is None else source.read_bytes())
+        for name, path in [("__main__.py", None), *in_pod_modules()]:
+            source = MAIN.encode() if path is None else path.read_bytes()
+            compiled = bytecode_too and not (name.startswith("trainhook/launcher/") and name[19:-3] in SOURCE_ONLY)
+            entries = [(name, source)] + ([(name + "c", bytecode(name, source))] if compiled else [])
+            for entry, data in entries:
+                info = zipfile.ZipInfo(entry, FIXED_TIME)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o644 << 16
+                archive.writestr(info, data)
     return buffer.getvalue()
 
 

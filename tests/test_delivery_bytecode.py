@@ -1,0 +1,141 @@
+"""The delivered zip carries bytecode for the modules a gang's start imports (launcher/deliver.py, issue 26), and
+what that promises, with real processes: the image's Python with the builder's magic number runs the .pyc (the
+sources are never compiled: they can be anything), a Python with another one runs the sources as before, the same
+modules give the same bytes in any process (every webhook replica names the same ConfigMap), the zip still fits a
+ConfigMap beside the entry program, and a member's start imports only modules that have bytecode and nothing that
+only rank 0 (the coordinator) or another command needs."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import io
+import marshal
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gang_notary import GangNotary, indexed_job
+from trainhook.launcher import deliver
+from trainhook.webhook import launcher_configmap as lcm
+
+ZIP = deliver.build_zip()
+PYTHON38 = sorted(glob.glob("/root/.pyenv/versions/3.8*/bin/python"))
+MAGIC_38 = (3413).to_bytes(2, "little") + b"\r\n"
+
+
+def entries(data: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def rezip(contents: dict[str, bytes], path: Path) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in contents.items():
+            archive.writestr(name, data)
+    return path
+
+
+def launch(python: str, launcher: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-I", str(launcher), *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"]})
+
+
+def test_the_bytecode_is_what_runs_under_the_builders_python(tmp_path):
+    """Every source that has a .pyc is replaced by one that fails loudly: the launcher still runs a command."""
+    contents = entries(ZIP)
+    compiled = [name[:-1] for name in contents if name.endswith(".pyc")]
+    assert {"__main__.py", "trainhook/launcher/cli.py", "trainhook/launcher/run.py",
+            "trainhook/launcher/gang_run.py", "trainhook/launcher/identity.py"} <= set(compiled)
+    for name in compiled:
+        contents[name] = b"raise SystemExit('the source of " + name.encode() + b" was compiled')\n"
+    launcher = rezip(contents, tmp_path / "launcher.pyz")
+    done = launch(sys.executable, launcher, "run", "--", "sh", "-c", "echo from the image; exit 3")
+    assert (done.returncode, done.stdout, done.stderr) == (3, "from the image\n", "")
+    header = entries(ZIP)["trainhook/launcher/run.pyc"][:16]
+    source = entries(ZIP)["trainhook/launcher/run.py"]
+    assert header == importlib.util.MAGIC_NUMBER + b"\x01\0\0\0" + importlib.util.source_hash(source)
+
+
+def test_a_python_with_another_magic_number_compiles_the_sources(tmp_path):
+    """The .pyc carry another version's magic number and code that would exit 99: the sources run instead."""
+    contents = entries(ZIP)
+    for name in [n for n in contents if n.endswith(".pyc")]:
+        contents[name] = MAGIC_38 + contents[name][4:16] + marshal.dumps(compile("raise SystemExit(99)", name, "exec"))
+    launcher = rezip(contents, tmp_path / "launcher.pyz")
+    done = launch(sys.executable, launcher, "run", "--", "sh", "-c", "echo sources; exit 3")
+    assert (done.returncode, done.stdout, done.stderr) == (3, "sources\n", "")  # not 99: no .pyc was run
+
+
+@pytest.mark.skipif(not PYTHON38, reason="no Python 3.8 here")
+def test_python_38_runs_the_zip_as_built(tmp_path):
+    launcher = tmp_path / "launcher.pyz"
+    launcher.write_bytes(ZIP)
+    done = launch(PYTHON38[0], launcher, "run", "--", "sh", "-c", "echo old; exit 4")
+    assert (done.returncode, done.stdout) == (4, "old\n"), done.stderr
+
+
+def test_the_same_modules_give_the_same_bytes_in_any_process():
+    """In a fresh process, and here, where the launcher's modules (and the webhook's) are imported already: the
+    ConfigMap's name is the content's hash, so the webhook's replicas must agree on it."""
+    fresh = subprocess.run([sys.executable, "-c", "import sys; from trainhook.launcher import deliver; "
+                            "sys.stdout.buffer.write(deliver.build_zip())"], capture_output=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout == ZIP == deliver.build_zip()
+
+
+def test_the_zip_fits_a_configmap_beside_the_entry_program():
+    sources = deliver.build_zip(bytecode_too=False)
+    assert len(ZIP) + len(deliver.entry_program()) < lcm.MAX_BYTES
+    assert len(ZIP) < 350_000  # beside the largest entry program (glibc's, 683 KB) with room to spare
+    assert len(ZIP) < 2.5 * len(sources)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def imports_until(launcher: Path, env: dict[str, str], marker: str) -> set[str]:
+    """The modules a `run` start imports up to its line holding `marker` (then it is killed)."""
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-I", str(launcher), "run", "--", "true"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen, lines = set(), []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            found = re.match(r"import time:\s+\d+ \|\s+\d+ \| *(\S+)", line)
+            if found:
+                seen.add(found.group(1))
+            elif marker in line:
+                return seen
+        raise AssertionError(f"no {marker!r} from the launcher:\n{''.join(lines)[-3000:]}")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+
+
+def test_a_members_start_imports_only_modules_with_bytecode_and_not_the_coordinators(tmp_path):
+    launcher = tmp_path / "launcher.pyz"
+    launcher.write_bytes(ZIP)
+    compiled = {name[:-4].replace("/__init__", "").replace("/", ".") for name in entries(ZIP) if name.endswith(".pyc")}
+    with GangNotary(tmp_path / "run") as notary:
+        pods = notary.admit(indexed_job("g", "team-a", completions=3, command=["true"]))
+        env = {**notary.env(pods[1]), "PATH": "/usr/bin:/bin", "TRAINHOOK_COORDINATOR_PORT": str(free_port())}
+        member = imports_until(launcher, env, "cannot reach the gang's coordinator")
+        env = {**notary.env(pods[0]), "PATH": "/usr/bin:/bin", "TRAINHOOK_COORDINATOR_PORT": str(free_port())}
+        rank0 = imports_until(launcher, env, "joined the gang's coordinator")
+    ours = {m for m in member | rank0 if m.startswith("trainhook")}
+    assert "trainhook.launcher.gang_run" in ours and ours <= compiled, ours - compiled
+    only_rank0 = {"trainhook.launcher.coordinator", "trainhook.launcher.elastic", "trainhook.launcher.pending"}
+    assert only_rank0 <= rank0 and not only_rank0 & member
+    assert not {"trainhook.launcher.wait", "argparse"} & (member | rank0)  # the init container's; no parsing
