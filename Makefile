@@ -19,8 +19,14 @@ demo: install-demo  ## create the virtualenv, install trainhook and torch only, 
 	@echo "    line prefixed [ddp-N]. Next: $(BIN)/trainhook explain examples/pytorch/ddp.yaml (what each pod gets),"
 	@echo "    docs/use/local.md (keeping logs: --keep-dir), README.md (on a cluster: kubectl apply -f the same file)"
 
-test: install  ## every test, as CI runs it
+test: lint  ## every test, as CI runs it, after the checks (make lint)
 	$(BIN)/python -m pytest -q
+
+# webhook/, launcher/, certs/ install as trainhook.webhook etc. (pyproject's package-dir), a path no tool finds from
+# the checkout; hack/lint.py lays out build/lint/trainhook/ (links to the files, made anew each run) and points
+# lint-imports and mypy at it; editors find it through [tool.pyright] extraPaths (docs/develop/checks.md).
+lint: install  ## ruff, the import contracts (lint-imports) and mypy, as configured in pyproject.toml (hack/lint.py)
+	$(BIN)/python hack/lint.py
 
 install-demo: $(DEMO_STAMP)
 
@@ -42,7 +48,7 @@ $(TEST_STAMP): $(DEMO_STAMP)
 	rm -f $(VENV)/.test-* && touch $@
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
 
 bench: install  ## admission benchmark against the yardstick, and the plots (~8 min); see docs/performance.md
 	$(BIN)/pip install --quiet matplotlib
