@@ -1,7 +1,9 @@
-"""The gang model: a shape (roles and counts in rank order) and one member's place in it.
+"""The webhook's side of the gang model: one member's place in its gang, and how admission words a problem.
 
-Everything here is pure and validated up front. Parsers append to a `Problems` list instead of raising, so a
-refusal lists every problem of the object in one answer (a user fixes them all in one round trip).
+The model itself (the shape, `role=count`, `min:max`, the lookup across workload and template) is
+trainhook/gang/, shared with the launcher. Everything here is pure and validated up front. Parsers append to a
+`Problems` list instead of raising, so a refusal lists every problem of the object in one answer (a user fixes
+them all in one round trip).
 """
 
 from __future__ import annotations
