@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable
+from typing import Callable
 
 from trainhook.launcher.gang import Gang, Peer
 from trainhook.launcher.reach import (LISTED, Backoff, PeerAddress, connect, describe, listen, qualified, retry_floor,
