@@ -50,7 +50,7 @@ $(TEST_STAMP): $(DEMO_STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
 
-bench: install  ## admission benchmark against the yardstick, and the plots (~8 min); see docs/performance.md
+bench: install  ## admission benchmark against the yardstick, and the plots (~8 min); see docs/develop/performance.md
 	$(BIN)/pip install --quiet matplotlib
 	$(BIN)/python bench/admission.py
 	$(BIN)/python bench/plot.py

@@ -1,11 +1,11 @@
-"""Delivery benchmark: what the delivered launcher costs a pod (docs/delivery.md).
+"""Delivery benchmark: what the delivered launcher costs a pod (docs/use/delivery.md).
 
 - `install`: building the zip and writing it and the entry point into a folder, in this process (the init
   container's extra work), median of --repeat runs;
 - the init container's process: `trainhook-launch wait --mode none --install DIR` against `wait --mode none`
   alone, median of --repeat runs each, interleaved;
 - the training container's start: `DIR/bin/trainhook-launch run -- true` (the entry point, a static program that
-  execs the image's Python on the zip: docs/delivery.md) against `python3 -I -c pass`, interleaved; `entry` says
+  execs the image's Python on the zip: docs/use/delivery.md) against `python3 -I -c pass`, interleaved; `entry` says
   whether this machine's install wrote that program or, with no C compiler here, the old `#!/bin/sh` script;
 - admission: µs per pod `review()` with this tree's webhook and, with --baseline REV, with REV's (a git
   worktree, in a subprocess), interleaved rounds: the delivery's share of a pod review.

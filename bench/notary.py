@@ -1,7 +1,7 @@
 """The notary at gang start (issues 22 and 26): N members ask for their gang's key at once.
 
 On the real node a 32-pod gang's launchers print their first line (which waits for the key) 2-4 s after their
-containers start (docs/performance.md, "Gang start at scale"). This bench isolates the notary's part of that:
+containers start (docs/develop/performance.md, "Gang start at scale"). This bench isolates the notary's part of that:
 - the real v1.20 control plane (hack/cluster.py; no kubelet: the pods stay Pending, which is all a TokenReview
   binds a token to), a real StatefulSet of N pods made by its controller, one pod-bound token per pod from the
   TokenRequest API (what the kubelet writes into the projected volume);

@@ -1,6 +1,6 @@
-"""Plot the benchmark results: bench/results/admission.json into docs/performance-admission.png (throughput,
+"""Plot the benchmark results: bench/results/admission.json into docs/develop/performance-admission.png (throughput,
 server CPU per review, latency), and bench/results/gang_start.json, when present, into
-docs/performance-gang-start.png."""
+docs/develop/performance-gang-start.png."""
 
 from __future__ import annotations
 

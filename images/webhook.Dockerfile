@@ -17,7 +17,7 @@ COPY launcher launcher
 COPY certs certs
 RUN /opt/trainhook/bin/pip install --no-deps . && /opt/trainhook/bin/pip check
 
-# The delivered entry point, /trainhook/bin/trainhook-launch (launcher/entry/, docs/delivery.md): a static program,
+# The delivered entry point, /trainhook/bin/trainhook-launch (launcher/entry/, docs/use/delivery.md): a static program,
 # so that images without a shell run it too. musl keeps it about 20 KB (glibc's static libc is 700 KB).
 FROM ${PYTHON_IMAGE} AS entry
 RUN apt-get update && apt-get install -y --no-install-recommends gcc musl-tools && rm -rf /var/lib/apt/lists/*

@@ -45,7 +45,7 @@ INSTALL_HELP = f"""\
 Write the delivered launcher into DIR: DIR/launcher.pyz (the in-pod modules, standard library only, Python 3.8+)
 and DIR/bin/trainhook-launch (a shell script that runs it with the image's own python3, isolated). The webhook's
 init container runs it into the emptyDir {keys.LAUNCHER_VOLUME}, which the training container mounts read-only at
-{keys.LAUNCHER_DIR}. See docs/delivery.md."""
+{keys.LAUNCHER_DIR}. See docs/use/delivery.md."""
 
 RUN_HELP = """\
 Run CMD as a child: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to it, orphaned processes are

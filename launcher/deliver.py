@@ -25,7 +25,7 @@ Entries carry a fixed timestamp, so the same modules always give the same bytes.
 
 Bytecode beside the sources (issue 26): every training container's launcher imports its modules from the zip,
 and a zip of sources alone made each one compile them all again: on a 2-core node where 25 launchers start at
-once, that was most of a start's CPU (bench/launcher_start.py, docs/performance.md). So each module's `.py`
+once, that was most of a start's CPU (bench/launcher_start.py, docs/develop/performance.md). So each module's `.py`
 has a `.pyc` beside it, compiled by the Python that builds the zip, where zipimport looks first. It is
 hash-based and unchecked (PEP 552): no timestamp to go stale, and no hashing of the source at each import
 (the zip is read-only and the pair is written together). An image whose Python has another magic number (another
@@ -62,7 +62,7 @@ SHIM_NAME = "trainhook-launch"
 FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 MIN_PYTHON = (3, 8)
 FIX = (f"use an image with python3 {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer on PATH, or opt the gang out with the "
-       f"annotation {keys.LAUNCHER}: none (docs/delivery.md says what is lost)")
+       f"annotation {keys.LAUNCHER}: none (docs/use/delivery.md says what is lost)")
 
 # Runs first under the image's Python, whatever its version: plain syntax, so an old Python reads it and says why.
 MAIN = f'''import sys
@@ -222,6 +222,6 @@ def main(directory: str) -> int:
               f"webhook mounts the emptyDir {keys.LAUNCHER_VOLUME} there; is the pod admitted?)", file=sys.stderr)
         return 1
     kind = ("a static program" if is_program(entry_program()) else "a /bin/sh script: no compiled entry point "
-            "here (no C compiler), so images without a shell cannot run it; docs/delivery.md")
+            "here (no C compiler), so images without a shell cannot run it; docs/use/delivery.md")
     print(f"trainhook-launch install: {shim} ({kind})", file=sys.stderr)
     return 0

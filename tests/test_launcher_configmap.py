@@ -42,7 +42,7 @@ def test_the_name_follows_the_content_and_the_configmap_holds_exactly_what_the_i
     assert lcm.configmap_name(ZIP + b"x", SHIM) != NAME and lcm.configmap_name(ZIP, SHIM + b"#") != NAME
     cm = lcm.configmap(NAME, "team-a", ZIP, SHIM)
     assert base64.b64decode(cm["binaryData"]["launcher.pyz"]) == deliver.build_zip()
-    # The entry point is the static program (binaryData), as the init container writes it (docs/delivery.md).
+    # The entry point is the static program (binaryData), as the init container writes it (docs/use/delivery.md).
     assert deliver.is_program(SHIM) and "data" not in cm
     assert base64.b64decode(cm["binaryData"]["trainhook-launch"]) == deliver.entry_program()
     assert lcm.content_digest(cm["binaryData"], None) == NAME[len(lcm.PREFIX):]

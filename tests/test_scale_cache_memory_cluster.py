@@ -1,6 +1,6 @@
 """The scale check's StatefulSet cache with 10,000 StatefulSets on a real kube-apiserver (v1.20), read by the real
 webhook process (--watch-statefulsets) as in a cluster (issue 23 item 7): listed in pages, only gangs kept, and the
-process's peak memory (VmHWM) measured. The number is recorded in docs/performance.md.
+process's peak memory (VmHWM) measured. The number is recorded in docs/develop/performance.md.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def test_every_key_of_the_keys_module_and_of_the_contract_is_known_where_the_con
     assert constants == labels | annotations
     assert labels == {keys.FRAMEWORK, keys.JOB_NAME, keys.ROLE, keys.INDEX, keys.PHASE}
     assert keys.PHASE in annotations and keys.REPLICAS in annotations and keys.FRAMEWORK not in annotations
-    table = (ROOT / "docs" / "contract.md").read_text().split("## 2. Keys")[1].split("## 3.")[0]
+    table = (ROOT / "docs" / "use" / "contract.md").read_text().split("## 2. Keys")[1].split("## 3.")[0]
     rows = re.findall(r"^\| `([a-z-]+)` \| (label|annotation) \|", table, re.M)
     assert len(rows) > 20
     for name, place in rows:
@@ -51,7 +51,7 @@ def test_every_key_of_the_keys_module_and_of_the_contract_is_known_where_the_con
       "move it to metadata.annotations", "metadata.annotations: trainhook.dev/role is a trainhook label, not an "
       "annotation"]),
     ({}, {"trainhook.dev/xyzzy": "1"}, ["metadata.annotations: trainhook.dev/xyzzy is not a trainhook key (see the "
-                                       "keys in docs/contract.md section 2); trainhook ignores it: remove it"]),
+                                       "keys in docs/use/contract.md section 2); trainhook ignores it: remove it"]),
     ({"app": "x", "trainhook.dev/phase": "Failed", "trainhook.dev/framework": "jax"},
      {"trainhook.dev/phase": "Failed", "trainhook.dev/last-lines": "[]", "example.com/replica": "1"}, []),
 ])

@@ -110,7 +110,7 @@ def parse_entrypoint_option(text: str) -> list[str]:
 def require_commands(templates: list[tuple[str, int, dict]], types: dict[str, str], kind: KubeflowKind,
                      main_container: str, job_annotations: dict, entrypoint: list[str] | None, where: str) -> None:
     """A training container without `command` runs its image's ENTRYPOINT, which the webhook cannot read to wrap
-    it in trainhook-launch (docs/delivery.md): it would refuse the pods. So convert refuses too, naming the fixes,
+    it in trainhook-launch (docs/use/delivery.md): it would refuse the pods. So convert refuses too, naming the fixes,
     unless `--entrypoint` gives the image's entrypoint (written as the container's command) or the job or
     template annotates it (`trainhook.dev/entrypoint`, checked here as the webhook checks it). An MPI launcher's
     workers need none (they run `trainhook-launch mpi-worker`)."""

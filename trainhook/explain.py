@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"Warning: not explained (no pods of trainhook's): {', '.join(explained.ignored)}", file=sys.stderr)
     if not explained.pods:  # an empty answer would read as "the webhook injects nothing"
         print(f"error: {args.manifest}: no StatefulSet, Job or Pod labeled {keys.FRAMEWORK}: the webhook would "
-              f"wire nothing; label the workloads and their pod templates (docs/contract.md section 1)",
+              f"wire nothing; label the workloads and their pod templates (docs/use/contract.md section 1)",
               file=sys.stderr)
         return 1
     sys.stdout.write(pods_yaml(explained) if args.output == "yaml" else env_text(explained))

@@ -2,7 +2,7 @@
 
 This module imports nothing from trainhook, so the webhook, the launcher, the local runner and the CLI can all
 share the keys without importing each other (the mistake jobset's webhook makes for one constant).
-Each constant says who sets it and who reads it. The user-facing meaning is in docs/contract.md.
+Each constant says who sets it and who reads it. The user-facing meaning is in docs/use/contract.md.
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def unknown_keys(labels: object, annotations: object, where: str = "metadata") -
                              f"move it to {where}.{other_field}s")
                 continue
             near = nearest_key(key)
-            hint = f"did you mean {near}?" if near else "see the keys in docs/contract.md section 2"
+            hint = f"did you mean {near}?" if near else "see the keys in docs/use/contract.md section 2"
             found.append(f"{where}.{field}: {key} is not a trainhook key ({hint}); trainhook ignores it: "
                          f"{'correct it' if near else 'remove it'}")
     return found

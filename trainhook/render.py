@@ -1,7 +1,7 @@
 """`trainhook render`: labeled manifests for a training gang, as pure functions returning Kubernetes dicts.
 
 A gang is one headless Service named after the job plus one workload per role (a StatefulSet, or an Indexed
-Job with `--kind job`), each labeled and annotated as the contract (docs/contract.md) asks, so trainhook's
+Job with `--kind job`), each labeled and annotated as the contract (docs/use/contract.md) asks, so trainhook's
 webhook wires it; with a gang scheduler, also the PodGroup that Volcano or the coscheduling plugin needs (the
 webhook never creates objects). `gang_objects` is shared with `trainhook convert` and the SDK; `render` builds
 the pod templates from the CLI's flags first.
@@ -319,7 +319,7 @@ def mpi_launch(command: list[str]) -> list[str]:
 
 def role_command(options: RenderOptions, role: str) -> list[str]:
     """The user's command as written: the webhook runs it under the launcher it delivers (`run --`; an MPI
-    launcher's under `mpirun --`, docs/delivery.md). An MPI gang's workers have no command of their own: the
+    launcher's under `mpirun --`, docs/use/delivery.md). An MPI gang's workers have no command of their own: the
     webhook gives them `mpi-worker`, which keeps them up for mpirun's daemons."""
     if options.framework == keys.MPI and role == "worker":
         return []

@@ -68,7 +68,7 @@ def job_manifests(name: str, func: Callable | None = None, func_args: dict | Non
                          "base_image= with command= (an image whose own entrypoint trains)")
     if func is None and command is None:
         raise ValueError(f"base_image={base_image!r} alone would run the image's ENTRYPOINT, which trainhook's "
-                         "webhook cannot read at admission to run it under its launcher (docs/delivery.md): give "
+                         "webhook cannot read at admission to run it under its launcher (docs/use/delivery.md): give "
                          "that entrypoint as command=, e.g. command=['python', '/app/train.py']")
     roles = replica_roles(framework, num_workers, num_chief_replicas, num_ps_replicas)
     if func is not None:

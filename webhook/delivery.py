@@ -1,4 +1,4 @@
-"""Deliver the launcher into a gang pod and wrap its training command (docs/delivery.md).
+"""Deliver the launcher into a gang pod and wrap its training command (docs/use/delivery.md).
 
 Gang completion, gang failure, restart-gang, the deadline, the outcome on the workload and scale-to-zero all
 happen in `trainhook-launch run` inside the training container, and the users' images do not contain it. So,

@@ -3,7 +3,7 @@
 An init container costs a gang's start more than anything else trainhook does: the kubelet starts the pod's
 containers one after the other and notices that an init container has exited only at its next relist of the
 runtime (every second on the kubelets we test), so the training container starts 1-1.5 s after the copy is done,
-and the gang wait in it added its own half second (measured on the e2e node, docs/performance.md). A ConfigMap
+and the gang wait in it added its own half second (measured on the e2e node, docs/develop/performance.md). A ConfigMap
 volume is written by the kubelet before any container starts. So where the webhook may keep one (the chart's
 `trainingNamespaces`, where it binds the training role too), it writes the launcher's zip and entry point into
 `trainhook-launcher-<hash>` once per namespace at startup, and pods there mount it at /trainhook instead of an
@@ -57,7 +57,7 @@ LABELS = {"app.kubernetes.io/name": "trainhook", "app.kubernetes.io/component": 
 def content() -> tuple[bytes, bytes]:
     """The zip and the entry point the init container would write (launcher/deliver.py), byte for byte: in the
     webhook's image the static program it was built with (so the ConfigMap's program is of the webhook image's
-    architecture: docs/delivery.md)."""
+    architecture: docs/use/delivery.md)."""
     return deliver.build_zip(), deliver.entry_program()
 
 

@@ -6,11 +6,11 @@ admission makes no API call (a slow or failing API server would make every scale
 watches StatefulSets and answers a scale review from what it already knows.
 
 Why filtering here: a label selector sees only the StatefulSet's own labels, but trainhook takes a workload's
-framework from the workload or its pod template (docs/contract.md section 2), so every StatefulSet is listed and
+framework from the workload or its pod template (docs/use/contract.md section 2), so every StatefulSet is listed and
 only gangs are kept, each slimmed to what `check_scale` reads (a few labels and annotations and the size): a
 cluster's thousands of unrelated StatefulSets cost one pass over the list, not memory. The list is read in pages
 of PAGE_SIZE (`limit`/`continue`), each slimmed before the next is asked for, so the full list is never held at
-once (10,000 StatefulSets: docs/performance.md).
+once (10,000 StatefulSets: docs/develop/performance.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 /*
- * trainhook-launch: the entry point trainhook delivers into every gang pod (docs/delivery.md).
+ * trainhook-launch: the entry point trainhook delivers into every gang pod (docs/use/delivery.md).
  *
  * Why a program and not a script: a `#!/bin/sh` entry point cannot start in an image without a shell
  * (distroless or Chainguard Python); the kubelet then reports only "exec ...: no such file or directory" and the
@@ -26,7 +26,7 @@
 #define ZIP_NAME "launcher.pyz"
 /* launcher/deliver.py FIX, word for word (tests/test_delivery_entry.py compares the line this prints). */
 #define FIX "use an image with python3 3.8 or newer on PATH, or opt the gang out with the annotation " \
-            "trainhook.dev/launcher: none (docs/delivery.md says what is lost)"
+            "trainhook.dev/launcher: none (docs/use/delivery.md says what is lost)"
 #define NO_PYTHON "trainhook-launch: no python3 or python on PATH in this image; " FIX "\n"
 /* dash's default when PATH is unset (a container always has one; a bare exec may not). */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

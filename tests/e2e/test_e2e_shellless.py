@@ -1,4 +1,4 @@
-"""Any image with Python, with or without a shell (issue 25 item 4, docs/delivery.md): on the real node, gangs
+"""Any image with Python, with or without a shell (issue 25 item 4, docs/use/delivery.md): on the real node, gangs
 whose image has no /bin/sh, dash or bash (hack/images.py `noshell`: the Debian Python base with its shells removed,
 as distroless and Chainguard Python images are) run under the delivered entry point, a static program, to
 Succeeded; an image with neither shell nor Python (`bare`) fails at start with the one line naming the fix, exit 127,

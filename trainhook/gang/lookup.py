@@ -1,7 +1,7 @@
 """THE lookup of a trainhook setting (a label or an annotation) across a workload and its pod template.
 
 A user may write a trainhook label or annotation on the workload's own metadata or on its pod template. The one
-precedence (docs/contract.md section 2): **the pod template's value, then the workload's** — the template is all
+precedence (docs/use/contract.md section 2): **the pod template's value, then the workload's** — the template is all
 a pod ever sees, and the webhook stamps the workload's annotations onto it (never over the template's own). An
 empty value counts as unset. Where both places set different values, `Found.conflict` says so: admission refuses
 it with `Found.refusal` (as it does for the identity labels), and readers that cannot refuse (`trainhook status`,
