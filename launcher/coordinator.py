@@ -185,8 +185,9 @@ class GangState:
                                  self.attempt, self.restarts))
             return
         if self.elastic:
-            elastic.tick(self, now)
-            if self.outcome is not None:
+            short = elastic.tick(self, now)
+            if short is not None:
+                self._finish(short)
                 return
         if self.phase in (ASSEMBLING, RESTARTING) and now - self.barrier_since > self.policy.join_timeout:
             missing = [self.gang.peers[r] for r, rec in enumerate(self.records)

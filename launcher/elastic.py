@@ -22,28 +22,43 @@ quietly; a scale-down never removes it (min is at least 1), and its pod's loss i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import List, Optional, Protocol, Tuple
 
-from trainhook.launcher.gang_report import IDLE, RUNNING, Report
-from trainhook.launcher.lifecycle import EXIT_NOT_ASSEMBLED, FAILED, Outcome, now_rfc3339
-
-if TYPE_CHECKING:  # the coordinator imports this module; the type only annotates
-    from trainhook.launcher.coordinator import GangState
+from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang_report import IDLE, RUNNING, Record, Report
+from trainhook.launcher.lifecycle import EXIT_NOT_ASSEMBLED, FAILED, Outcome, Policy, now_rfc3339
 
 
-def present(state: GangState) -> list[int]:
+
+class ElasticState(Protocol):
+    """What these rules read and change of the coordinator's state (coordinator.GangState): declared here, so
+    this module never imports the coordinator, which imports it (tests/test_launcher_imports.py: no cycle)."""
+
+    gang: Gang
+    policy: Policy
+    phase: str
+    attempt: int
+    restarts: int
+    since: Optional[float]
+    short_since: Optional[float]
+    records: List[Record]
+    outbox: List[Tuple[int, dict]]
+    log: List[str]
+
+
+def present(state: ElasticState) -> list[int]:
     """The ranks of the members the gang has now: connected, and not leaving."""
     return [rank for rank, record in enumerate(state.records) if record.present]
 
 
-def ready(state: GangState) -> bool:
+def ready(state: ElasticState) -> bool:
     """The barrier of an elastic gang: at least `min` members here, and none of them still running an older
     attempt's training (after a gang restart)."""
     here = present(state)
     return len(here) >= state.gang.assembled_at and all(state.records[r].status != RUNNING for r in here)
 
 
-def joins_running(state: GangState, rank: int, report: Report) -> None:
+def joins_running(state: ElasticState, rank: int, report: Report) -> None:
     """A member that joins while an attempt runs starts it at once (torchrun lets it in at the next round)."""
     record = state.records[rank]
     if state.phase != "running" or record.status == RUNNING or report.status == RUNNING:
@@ -56,7 +71,7 @@ def joins_running(state: GangState, rank: int, report: Report) -> None:
                                 "since": state.since}))
 
 
-def leaves(state: GangState, rank: int, why: str) -> None:
+def leaves(state: ElasticState, rank: int, why: str) -> None:
     """A member said it is leaving: the gang goes on without it (and its training's exit is not judged)."""
     record = state.records[rank]
     record.left, record.status, record.code = True, IDLE, None
@@ -65,7 +80,7 @@ def leaves(state: GangState, rank: int, why: str) -> None:
                      f"({len(present(state))} members now)")
 
 
-def lost(state: GangState, rank: int) -> None:
+def lost(state: ElasticState, rank: int) -> None:
     """A member's launcher went away: after a `leave`, expected; without one, said, and treated the same."""
     record = state.records[rank]
     if not record.left and record.status == RUNNING:
@@ -75,24 +90,26 @@ def lost(state: GangState, rank: int) -> None:
     record.status, record.code, record.left = IDLE, None, False
 
 
-def tick(state: GangState, now: float) -> None:
-    """Fail the gang, with the reason, when it has been below `min` members for longer than the wait timeout
-    while running (torchrun's rendezvous would wait as long and then fail without saying why)."""
+def tick(state: ElasticState, now: float) -> Optional[Outcome]:
+    """The gang's failure, with the reason, when it has been below `min` members for longer than the wait timeout
+    while running (torchrun's rendezvous would wait as long and then fail without saying why); the coordinator
+    ends the gang with it. None while it may go on."""
     low = state.gang.assembled_at
     here = present(state)
     if state.phase != "running" or len(here) >= low:
         state.short_since = None
-        return
+        return None
     if state.short_since is None:
         state.short_since = now
         state.log.append(f"the elastic gang has {len(here)} member(s), fewer than its minimum of {low}: torchrun's "
                          f"rendezvous waits for more; failing the gang if none come within "
                          f"{state.policy.join_timeout:g}s")
-        return
+        return None
     if now - state.short_since > state.policy.join_timeout:
         missing = [r for r in range(low) if r not in here]
         names = ", ".join(str(state.gang.peers[r]) for r in missing)
-        state._finish(Outcome(FAILED, EXIT_NOT_ASSEMBLED, f"the elastic gang had only {len(here)} of its minimum "
-                              f"{low} members for {state.policy.join_timeout:g}s (missing: {names}); scale the "
-                              f"workload to at least {low} replicas", missing[0] if missing else 0, now_rfc3339(),
-                              state.attempt, state.restarts))
+        return Outcome(FAILED, EXIT_NOT_ASSEMBLED, f"the elastic gang had only {len(here)} of its minimum "
+                       f"{low} members for {state.policy.join_timeout:g}s (missing: {names}); scale the "
+                       f"workload to at least {low} replicas", missing[0] if missing else 0, now_rfc3339(),
+                       state.attempt, state.restarts)
+    return None

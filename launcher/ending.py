@@ -23,7 +23,7 @@ from trainhook import keys
 from trainhook.launcher import identity
 from trainhook.launcher.gang import Gang
 from trainhook.launcher.lifecycle import FAILED, SUCCEEDED, Outcome, Settings, now_rfc3339
-from trainhook.launcher.run import reap_exited
+from trainhook.launcher.process import reap_exited
 
 COORDINATOR_RANK = 0  # the notary's anchor: rank 0's pod (for MPI, the launcher, which the webhook ranks first)
 RECORD_DEADLINE = 20.0  # how long the coordinator keeps trying the notary at the end before it says it gave up

@@ -51,7 +51,7 @@ from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Repor
 from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, now_rfc3339,
                                           read_settings)
 from trainhook.launcher.reach import Backoff, PeerAddress, connect, retry_floor, search_domain
-from trainhook.launcher.run import EXIT_NOT_FOUND, FORWARDED, Training, reap_exited, run_command
+from trainhook.launcher.process import EXIT_NOT_FOUND, FORWARDED, Training, reap_exited, run_command
 
 if TYPE_CHECKING:  # only rank 0 runs a coordinator: a member's start does not import it (issue 26)
     from trainhook.launcher.coordinator import Coordinator

@@ -32,7 +32,7 @@ from trainhook import keys
 from trainhook.launcher.mpi_control import LineSocket
 from trainhook.launcher.mpi_exec import (EXIT, EXIT_AGENT_FAILED, MAX_FRAME, START, STDERR, STDIN, STDIN_EOF,
                                          STDOUT, FrameError, FrameReader, send_frame)
-from trainhook.launcher.run import exit_code
+from trainhook.launcher.process import exit_code
 
 REMOTE_SHELL = "/bin/sh"
 KILL_GRACE = 3.0

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from trainhook import keys
 from trainhook.launcher.gang import ConfigError
-from trainhook.launcher.run import run_command
+from trainhook.launcher.process import run_command
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 # torchrun's options that take no value (checked against torch's own parser by the tests); every other option

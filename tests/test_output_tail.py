@@ -1,4 +1,4 @@
-"""The gang-aware launcher's tee (launcher/output_tail.py, launcher/run.py Training): the training's output reaches
+"""The gang-aware launcher's tee (launcher/output_tail.py, launcher/process.py Training): the training's output reaches
 the container's stdout and stderr unchanged and at once, and its last lines are kept, bounded, for the outcome.
 
 Real processes: each test runs a real `Training` in a child Python (so its fd 1 and 2 are pipes the test reads, as
@@ -19,7 +19,7 @@ from trainhook.launcher.output_tail import LINE_BYTES, LINES, TAIL_BYTES, Tail, 
 # must stay as it is).
 HARNESS = textwrap.dedent("""
     import json, os, sys, threading
-    from trainhook.launcher.run import Training
+    from trainhook.launcher.process import Training
     done = threading.Event()
     codes = []
     training = Training(sys.argv[1:], dict(os.environ), lambda code: (codes.append(code), done.set()))
