@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from trainhook import keys
 from trainhook.launcher import identity
@@ -115,19 +116,33 @@ def park_until_stopped(reap: bool) -> int:
     return received[0]
 
 
+def exit_or_park(settings: Settings, code: int, recorded: str, status: Callable[[str], None],
+                 wait_for_stop: Callable[[], int], log=say) -> int:
+    """The one decision of how a member ends, once the gang is done and the outcome is recorded (`recorded`, in
+    words): exit with `code` where the container is not rerun, else park until the pod is stopped
+    (`wait_for_stop` blocks until SIGTERM or SIGINT and returns its number), then exit with `code`. `status`
+    keeps the local runner's state ("exiting", "parked"). Used by end_member (the MPI commands) and by
+    gang_run.Member.finalize, which waits for the stop on its own event queue."""
+    if not settings.parks:
+        log(f"exiting {code}: the gang is done (restartPolicy {settings.restart_policy}: this container is not "
+            f"rerun); {recorded}")
+        status("exiting")
+        return code
+    log(f"parked: the gang is done and this pod's containers are restarted when they exit (restartPolicy Always), "
+        f"so the launcher stays up without rerunning the training until the pod is stopped; {recorded}")
+    status("parked")
+    signum = wait_for_stop()
+    log(f"stopped by {signal.Signals(signum).name} while parked; exiting {code}")
+    status("exiting")
+    return code
+
+
 def end_member(gang: Gang, settings: Settings, outcome: Outcome, code: int, log=say,
                training_code: int | None = None) -> int:
     """Record (the coordinator only), then exit with `code`, or park where the container would be rerun."""
     recorded = record_outcome(gang, settings, outcome, log)
-    if not settings.parks:
-        log(f"exiting {code}: the gang is done (restartPolicy {settings.restart_policy}: this container is not "
-            f"rerun); {recorded}")
-        write_local_status(settings, status_document(gang, "exiting", outcome, training_code=training_code), log)
-        return code
-    log(f"parked: the gang is done and this pod's containers are restarted when they exit (restartPolicy Always), "
-        f"so the launcher stays up without rerunning the training until the pod is stopped; {recorded}")
-    write_local_status(settings, status_document(gang, "parked", outcome, training_code=training_code), log)
-    signum = park_until_stopped(reap=os.getpid() == 1)
-    log(f"stopped by {signal.Signals(signum).name} while parked; exiting {code}")
-    write_local_status(settings, status_document(gang, "exiting", outcome, training_code=training_code), log)
-    return code
+
+    def status(state: str) -> None:
+        write_local_status(settings, status_document(gang, state, outcome, training_code=training_code), log)
+
+    return exit_or_park(settings, code, recorded, status, lambda: park_until_stopped(reap=os.getpid() == 1), log)

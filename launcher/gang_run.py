@@ -475,24 +475,18 @@ class Member:
                        if not rec.acked]
             say(f"not every member acknowledged the outcome within {DELIVERY_TIMEOUT:g}s: {', '.join(missing)}")
         code = 0 if outcome.succeeded else outcome.code
-        recorded = self.record_outcome(outcome)
-        if not self.settings.parks:
-            say(f"exiting {code}: the gang is done (restartPolicy {self.settings.restart_policy}: this container is "
-                f"not rerun); {recorded}")
-            self.status("exiting")
-            return code
-        say(f"parked: the gang is done and this pod's containers are restarted when they exit (restartPolicy "
-            f"Always), so the launcher stays up without rerunning the training until the pod is stopped; {recorded}")
-        self.status("parked")
+        return ending.exit_or_park(self.settings, code, self.record_outcome(outcome), self.status,
+                                   self.wait_for_stop, say)
+
+    def wait_for_stop(self) -> int:
+        """Parked: wait on the event queue (the signal handlers feed it) for SIGTERM or SIGINT, reaping as PID 1."""
         while True:
             try:
                 event = self.events.get(timeout=1.0)
             except queue.Empty:
                 event = None
             if event is not None and event[0] == "signal" and event[1] in (signal.SIGTERM, signal.SIGINT):
-                say(f"stopped by {signal.Signals(event[1]).name} while parked; exiting {code}")
-                self.status("exiting")
-                return code
+                return event[1]
             if self.pid1:
                 reap_exited()
 
