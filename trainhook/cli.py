@@ -15,14 +15,14 @@ from pathlib import Path
 
 # subcommand -> (module, help); each module has add_arguments(parser) and main(args).
 SUBCOMMANDS = {
-    "render": ("trainhook.render_cli", "print a training gang's manifests from flags"),
-    "explain": ("trainhook.explain", "show, offline, the environment the webhook injects into every pod"),
-    "convert": ("trainhook.convert_cli", "turn a Kubeflow PyTorchJob/TFJob/MPIJob/... into trainhook manifests"),
-    "submit": ("trainhook.cluster_commands", "create a gang on the cluster (a manifest, or render's flags)"),
-    "status": ("trainhook.cluster_commands", "a gang's pods, ranks, phases, restarts and outcome"),
-    "list": ("trainhook.cluster_commands", "the gangs of a namespace"),
-    "logs": ("trainhook.cluster_commands", "every pod's log, each line prefixed with its pod"),
-    "delete": ("trainhook.cluster_commands", "delete a gang's workloads, Service, pods and PodGroup"),
+    "render": ("trainhook.render.cli", "print a training gang's manifests from flags"),
+    "explain": ("trainhook.render.explain", "show, offline, the environment the webhook injects into every pod"),
+    "convert": ("trainhook.convert.cli", "turn a Kubeflow PyTorchJob/TFJob/MPIJob/... into trainhook manifests"),
+    "submit": ("trainhook.cluster.commands", "create a gang on the cluster (a manifest, or render's flags)"),
+    "status": ("trainhook.cluster.commands", "a gang's pods, ranks, phases, restarts and outcome"),
+    "list": ("trainhook.cluster.commands", "the gangs of a namespace"),
+    "logs": ("trainhook.cluster.commands", "every pod's log, each line prefixed with its pod"),
+    "delete": ("trainhook.cluster.commands", "delete a gang's workloads, Service, pods and PodGroup"),
 }
 # Subcommands whose arguments end with the training command after `--`.
 COMMAND_TAKING = ("render", "submit")

@@ -8,7 +8,7 @@ import pytest
 
 from launcher_outcomes import decided
 from trainhook import keys
-from trainhook.gang_status import changes, container_started, format_list, format_status, gang_state, pod_state, \
+from trainhook.cluster.status import changes, container_started, format_list, format_status, gang_state, pod_state, \
     progress
 from trainhook.launcher.lifecycle import PHASE, Outcome
 

@@ -17,7 +17,7 @@ from test_render import by_kind, validate_objects
 from trainhook import keys
 from trainhook.cli import main
 from trainhook.convert import ConvertError, convert_job, convert_text
-from trainhook.explain import explain_text
+from trainhook.render.explain import explain_text
 from trainhook.launcher.failure_rules import FailureRules
 from trainhook.render import ON_FAILURE, RenderOptions, render
 

@@ -12,7 +12,7 @@ import yaml
 
 from trainhook import keys
 from trainhook.cli import main
-from trainhook.explain import explain_text
+from trainhook.render.explain import explain_text
 from trainhook.local.admission import build_review
 from trainhook.local.controllers import ADMIN_USER
 

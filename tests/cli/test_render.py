@@ -15,7 +15,7 @@ import yaml
 
 from trainhook import keys
 from trainhook.cli import main
-from trainhook.explain import explain_text
+from trainhook.render.explain import explain_text
 from trainhook.render import ACTIVE_DEADLINE_SECONDS, ON_FAILURE, RenderError, RenderOptions, render, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from test_render import validate_objects
 from trainhook import keys
 from trainhook.render import to_yaml
 from trainhook.sdk import TrainingClient, job_manifests
-from trainhook.sdk_command import DELIMITER, function_command, function_script
+from trainhook.sdk.command import DELIMITER, function_command, function_script
 
 ROOT = Path(__file__).resolve().parents[1]
 

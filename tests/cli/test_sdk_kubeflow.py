@@ -15,10 +15,10 @@ from kubernetes.client import V1EnvVar, V1EnvVarSource, V1ObjectFieldSelector, V
 
 from test_render import validate_objects
 from trainhook import keys
-from trainhook.explain import explain_text
+from trainhook.render.explain import explain_text
 from trainhook.render import to_yaml
 from trainhook.sdk import TrainingClient, job_manifests
-from trainhook.sdk_kubeflow import JOB_KINDS
+from trainhook.sdk.kubeflow import JOB_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ from test_cli_cluster import cli, mutating_webhook, wait_for  # noqa: F401
 from test_render import PODGROUP_CRDS, by_kind, options, validate_objects
 from trainhook import keys
 from trainhook.cli import main
-from trainhook.explain import explain_text
+from trainhook.render.explain import explain_text
 from trainhook.render import RenderError, Scheduling, render, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

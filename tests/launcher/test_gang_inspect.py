@@ -15,7 +15,7 @@ import pytest
 from gang_notary import GangNotary, indexed_job
 
 from trainhook import keys
-from trainhook.gang_status import format_list, format_status, gang_state, kept_lines
+from trainhook.cluster.status import format_list, format_status, gang_state, kept_lines
 from trainhook.launcher.coordinator import EXITED, STOPPED, GangState, Report
 from trainhook.launcher.gang import Gang, Peer
 from trainhook.launcher.gang_report import MAX_TAIL
@@ -192,7 +192,7 @@ def test_a_failed_gangs_record_keeps_its_last_lines_pod_attempts_and_times(tmp_p
 
 
 def test_a_function_job_whose_image_lacks_torchrun_fails_naming_it(tmp_path):
-    from trainhook.sdk_command import function_command
+    from trainhook.sdk.command import function_command
 
     def train():
         print("never runs")

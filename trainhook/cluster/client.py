@@ -1,7 +1,7 @@
 """The cluster side of `trainhook submit/status/logs/delete` and of the SDK: a thin I/O edge.
 
 Everything here is a Kubernetes API call and nothing else; what the answers mean (ranks, outcome, tables) is
-decided by the pure functions of trainhook.gang_status, on plain dicts. A gang is every object labeled
+decided by the pure functions of trainhook.cluster.status, on plain dicts. A gang is every object labeled
 `trainhook.dev/job-name=<name>`. Configuration: an explicit kubeconfig, else $KUBECONFIG or ~/.kube/config,
 else the pod's in-cluster service account.
 """
@@ -282,7 +282,7 @@ class Cluster:
 
 def gang_state_of(cluster: Cluster, name: str):
     """The gang's state, read from the cluster now."""
-    from trainhook.gang_status import gang_state
+    from trainhook.cluster.status import gang_state
 
     objects = cluster.gang(name)
     return gang_state(name, cluster.namespace, objects.workloads, objects.pods)
@@ -294,7 +294,7 @@ def wait_for_gang(cluster: Cluster, name: str, timeout: float | None = None, int
     TimeoutError (with the last state as its second argument) when `timeout` seconds pass first."""
     import time
 
-    from trainhook.gang_status import changes
+    from trainhook.cluster.status import changes
 
     deadline = None if timeout is None else time.monotonic() + timeout
     before = None

@@ -1,4 +1,4 @@
-"""`trainhook submit`, `status`, `list`, `logs` and `delete`: the CLI over trainhook.cluster_client.
+"""`trainhook submit`, `status`, `list`, `logs` and `delete`: the CLI over trainhook.cluster.client.
 
 A gang is everything labeled `trainhook.dev/job-name=<name>`. `submit` checks the manifest with the webhook's
 own code before creating anything, so a refusal leaves nothing half-created. Exit statuses: 0 done (for
@@ -27,7 +27,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def connect(args: argparse.Namespace):
-    from trainhook.cluster_client import Cluster
+    from trainhook.cluster.client import Cluster
 
     return Cluster.connect(args.kubeconfig, args.context, args.namespace)
 
@@ -46,7 +46,7 @@ def _stamp(lines: list[str]) -> None:
 # --- submit -------------------------------------------------------------------------------------------------
 
 def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
-    from trainhook.render_cli import EPILOG, add_gang_arguments
+    from trainhook.render.cli import EPILOG, add_gang_arguments
 
     parser.description = ("Create a training gang on the cluster, from a manifest (-f) or from render's flags, "
                           "and with --wait follow it until it succeeds or fails.")
@@ -65,7 +65,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def manifest_objects(text: str, path: str, namespace: str | None) -> list[dict]:
     """Every object of a manifest (checked by the webhook's own code first); raises ManifestError/Refused."""
-    from trainhook.explain import explain_manifest
+    from trainhook.render.explain import explain_manifest
     from trainhook.local.manifest import parse_manifest
 
     explain_manifest(parse_manifest(text, path, namespace))
@@ -79,7 +79,7 @@ def manifest_objects(text: str, path: str, namespace: str | None) -> list[dict]:
 
 
 def gang_names(objects: list[dict]) -> list[str]:
-    from trainhook.cluster_client import workload_job_name
+    from trainhook.cluster.client import workload_job_name
     names = []
     for obj in objects:
         labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -91,7 +91,7 @@ def gang_names(objects: list[dict]) -> list[str]:
 
 
 def submit_objects(args: argparse.Namespace) -> list[dict]:
-    from trainhook.render_cli import rendered
+    from trainhook.render.cli import rendered
 
     if args.filename:
         if args.name or getattr(args, "command_argv", None):
@@ -107,8 +107,8 @@ def submit_objects(args: argparse.Namespace) -> list[dict]:
 
 
 def submit_main(args: argparse.Namespace) -> int:
-    from trainhook.cluster_client import ClusterError, wait_for_gang
-    from trainhook.explain import Refused
+    from trainhook.cluster.client import ClusterError, wait_for_gang
+    from trainhook.render.explain import Refused
     from trainhook.local.manifest import ManifestError
 
     try:
@@ -151,8 +151,8 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def status_main(args: argparse.Namespace) -> int:
-    from trainhook.cluster_client import ClusterError, gang_state_of
-    from trainhook.gang_status import format_status
+    from trainhook.cluster.client import ClusterError, gang_state_of
+    from trainhook.cluster.status import format_status
 
     try:
         cluster = connect(args)
@@ -172,8 +172,8 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def list_main(args: argparse.Namespace) -> int:
-    from trainhook.cluster_client import ClusterError
-    from trainhook.gang_status import format_list, gang_state
+    from trainhook.cluster.client import ClusterError
+    from trainhook.cluster.status import format_list, gang_state
 
     try:
         cluster = connect(args)
@@ -204,10 +204,10 @@ def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
 
 def logs_main(args: argparse.Namespace) -> int:
     """Every pod's log; a pod that went before its log could be read (a finished StatefulSet gang is scaled to
-    zero) is shown by the last lines kept with the gang's outcome, said so on stderr (trainhook/gang_logs.py)."""
-    from trainhook.cluster_client import ClusterError
-    from trainhook.gang_logs import RECORD_WAIT, in_rank_order, kept_for, read_pod_log, state_of, wait_for_pods
-    from trainhook.gang_status import container_started, training_container_name
+    zero) is shown by the last lines kept with the gang's outcome, said so on stderr (trainhook/cluster/logs.py)."""
+    from trainhook.cluster.client import ClusterError
+    from trainhook.cluster.logs import RECORD_WAIT, in_rank_order, kept_for, read_pod_log, state_of, wait_for_pods
+    from trainhook.cluster.status import container_started, training_container_name
 
     try:
         cluster = connect(args)
@@ -266,7 +266,7 @@ def logs_main(args: argparse.Namespace) -> int:
 def print_kept(name: str, kept, missed: list[dict], whole: bool) -> list[str]:
     """Print the kept last lines for the pods that went (every kept rank when `whole`: the gang has no pods at
     all); returns what could not be shown."""
-    from trainhook.gang_logs import kept_label, kept_of_pod, notice
+    from trainhook.cluster.logs import kept_label, kept_of_pod, notice
 
     shown = list(kept) if whole else [k for k in (kept_of_pod(kept, pod) for pod in missed) if k is not None]
     for entry in shown:
@@ -293,7 +293,7 @@ def add_delete_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def delete_main(args: argparse.Namespace) -> int:
-    from trainhook.cluster_client import ClusterError
+    from trainhook.cluster.client import ClusterError
 
     try:
         cluster = connect(args)

@@ -8,7 +8,7 @@ outcome (trainhook.dev/last-lines: the deciding rank's and rank 0's, launcher/ou
 little for the record when the pods went first. A container still initializing (`PodInitializing`) is waited
 for, never read too early.
 
-I/O on a trainhook.cluster_client.Cluster; what the answers mean is trainhook.gang_status's.
+I/O on a trainhook.cluster.client.Cluster; what the answers mean is trainhook.cluster.status's.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from trainhook.cluster_client import Cluster, ClusterError
-from trainhook.gang_status import GangState, KeptLines, container_started, gang_state, pod_rank
+from trainhook.cluster.client import Cluster, ClusterError
+from trainhook.cluster.status import GangState, KeptLines, container_started, gang_state, pod_rank
 
 # What a kubelet answers in place of a log when the container is being removed: a 200 whose body is this line, or
 # this line at the end of a followed stream (v1.20 with containerd, seen on the node).

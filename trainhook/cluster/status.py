@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from trainhook import keys
 from trainhook.gang.lookup import LABELS, setting
 from trainhook.gang.shape import size_of
-from trainhook.launcher.lifecycle import Outcome
+from trainhook.launcher.outcome import Outcome
 
 TERMINAL = ("Succeeded", "Failed")
 

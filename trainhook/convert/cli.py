@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from trainhook import keys
-from trainhook.convert import ConvertError, convert_text, parse_entrypoint_option
-from trainhook.render import KINDS, to_yaml
+from trainhook.convert.core import ConvertError, convert_text, parse_entrypoint_option
+from trainhook.render.objects import KINDS, to_yaml
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

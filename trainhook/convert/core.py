@@ -13,11 +13,11 @@ import copy
 from dataclasses import dataclass, field
 
 from trainhook import keys
-from trainhook.convert_policies import KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, \
+from trainhook.convert.policies import KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, \
     Fields, KubeflowKind, as_int, infer_scheduler, kubeflow_port, mpi_options, pytorch_options, scheduling_of, \
     set_mpi_commands, training_container
-from trainhook.convert_run_policy import Restart, clean_pod_policy, pod_restart_policy, run_policy
-from trainhook.render import Gang, RenderError, gang_objects
+from trainhook.convert.run_policy import Restart, clean_pod_policy, pod_restart_policy, run_policy
+from trainhook.render.objects import Gang, RenderError, gang_objects
 from trainhook.webhook.delivery import parse_entrypoint
 from trainhook.webhook.gang import Problems
 from trainhook.yaml_stream import yaml_documents

@@ -1,4 +1,4 @@
-"""The Kubeflow fields `trainhook convert` maps besides the pod templates and the lifecycle (convert_run_policy):
+"""The Kubeflow fields `trainhook convert` maps besides the pod templates and the lifecycle (run_policy.py):
 schedulingPolicy, PyTorch's elastic and nproc options, TFJob's and MPIJob's own fields, MPI commands. Each mapper
 takes the fields it knows out of the spec (a copy) and records through `Fields` every one it cannot map, so nothing
 is dropped silently; a field set to the value that asks for what trainhook does anyway is taken without a word.
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import yaml
 
 from trainhook import keys
-from trainhook.render import MPI_WORKER, Scheduling, mpi_launch
+from trainhook.render.objects import Scheduling
+from trainhook.render.options import MPI_WORKER, mpi_launch
 
 MPI_IMPLEMENTATION, SLOTS_PER_WORKER = keys.MPI_IMPLEMENTATION, keys.SLOTS_PER_WORKER
 MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from trainhook import keys
-from trainhook.convert_policies import Fields, as_int
-from trainhook.render import ACTIVE_DEADLINE_SECONDS, ON_FAILURE
+from trainhook.convert.policies import Fields, as_int
+from trainhook.render.objects import ACTIVE_DEADLINE_SECONDS, ON_FAILURE
 
 # The runPolicy.managedBy that means "Kubeflow's own controller": trainhook's workloads are Kubernetes' own.
 KUBEFLOW_MANAGER = "kubeflow.org/training-operator"

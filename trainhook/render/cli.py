@@ -7,8 +7,8 @@ import shlex
 import sys
 
 from trainhook import keys
-from trainhook.render import KINDS, ON_FAILURE_POLICIES, RenderError, RenderOptions, Scheduling, parse_env, \
-    parse_roles, render, to_yaml
+from trainhook.render.objects import KINDS, ON_FAILURE_POLICIES, RenderError, Scheduling, to_yaml
+from trainhook.render.options import RenderOptions, parse_env, parse_roles, render
 
 EPILOG = """\
 The training command comes last, after `--` (or as one string with --command):

@@ -1,16 +1,15 @@
-"""`trainhook render`: labeled manifests for a training gang, as pure functions returning Kubernetes dicts.
+"""A training gang as Kubernetes objects: pure functions returning dicts, and their YAML.
 
 A gang is one headless Service named after the job plus one workload per role (a StatefulSet, or an Indexed
 Job with `--kind job`), each labeled and annotated as the contract (docs/use/contract.md) asks, so trainhook's
 webhook wires it; with a gang scheduler, also the PodGroup that Volcano or the coscheduling plugin needs (the
-webhook never creates objects). `gang_objects` is shared with `trainhook convert` and the SDK; `render` builds
-the pod templates from the CLI's flags first.
+webhook never creates objects). `gang_objects` is shared by `trainhook render` (trainhook.render.options builds
+the pod templates from the CLI's flags first), `trainhook convert` and the SDK.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -25,9 +24,6 @@ KINDS = ("statefulset", "job")
 # The schedulers' PodGroup objects (the webhook only labels pods; these come from render and convert).
 VOLCANO_PODGROUP_API = "scheduling.volcano.sh/v1beta1"
 COSCHEDULING_PODGROUP_API = "scheduling.x-k8s.io/v1alpha1"
-# Kubernetes' resource.Quantity grammar.
-QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
-ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
 class RenderError(ValueError):
@@ -225,171 +221,6 @@ def gang_objects(gang: Gang) -> list[dict]:
     if group:
         objects.append(group)
     return objects
-
-
-# --- From the CLI's flags -------------------------------------------------------------------------------------
-
-@dataclass
-class RenderOptions:
-    """What `trainhook render` (and `submit`, and the SDK) take; roles as (role, count) in any order."""
-
-    name: str
-    framework: str = keys.PYTORCH
-    roles: list[tuple[str, int]] = field(default_factory=list)
-    image: str = ""
-    command: list[str] = field(default_factory=list)
-    gpus: int = 0
-    cpu: str = ""
-    memory: str = ""
-    env: list[tuple[str, str]] = field(default_factory=list)
-    elastic: str = ""
-    on_failure: str = ""
-    max_restarts: int | None = None
-    active_deadline_seconds: int | None = None
-    nproc_per_node: str = ""
-    port: int | None = None
-    namespace: str | None = None
-    kind: str = "statefulset"
-    scheduling: Scheduling | None = None
-    container: str = ""  # the training container's name (default: the framework's, as Kubeflow names it)
-    priority_class: str = ""  # without a gang scheduler (with one, Scheduling.priority_class)
-
-
-def parse_roles(workers: int | None, role_args: list[str], framework: str) -> list[tuple[str, int]]:
-    """`--workers N` and `--role ROLE=N` (repeatable) as (role, count) pairs."""
-    roles: dict[str, int] = {}
-    for text in role_args:
-        role, sep, count = text.partition("=")
-        if not sep or not count.strip().isdigit():
-            raise RenderError(f"--role {text}: write ROLE=COUNT, e.g. master=1")
-        if role.strip() in roles:
-            raise RenderError(f"--role {role.strip()} given twice")
-        roles[role.strip()] = int(count)
-    if workers is not None:
-        if "worker" in roles:
-            raise RenderError("--workers and --role worker=N both given: keep one")
-        roles["worker"] = workers
-    if framework == keys.MPI and roles and "launcher" not in roles:
-        roles = {"launcher": 1, **roles}  # an MPI gang always has its launcher
-    return list(roles.items())
-
-
-def parse_env(pairs: list[str]) -> list[tuple[str, str]]:
-    env = []
-    for text in pairs:
-        name, sep, value = text.partition("=")
-        if not sep or not ENV_NAME.match(name):
-            raise RenderError(f"--env {text}: write NAME=VALUE with a valid variable name")
-        env.append((name, value))
-    return env
-
-
-def resources(options: RenderOptions) -> dict:
-    """Per-pod resources: GPUs as a limit (requests follow), CPU as a request, memory as request and limit."""
-    for flag, value in (("--cpu", options.cpu), ("--memory", options.memory)):
-        if value and not QUANTITY.match(value):
-            raise RenderError(f"{flag} {value}: not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")
-    if options.gpus < 0:
-        raise RenderError(f"--gpus {options.gpus}: give a GPU count of 0 or more")
-    requests: dict[str, object] = {}
-    limits: dict[str, object] = {}
-    if options.cpu:
-        requests["cpu"] = options.cpu
-    if options.memory:
-        requests["memory"] = limits["memory"] = options.memory
-    if options.gpus:
-        limits[keys.GPU_RESOURCE] = options.gpus
-    found = {}
-    if requests:
-        found["requests"] = requests
-    if limits:
-        found["limits"] = limits
-    return found
-
-
-MPI_LAUNCH = ["trainhook-launch", "mpirun", "--"]
-MPI_WORKER = ["trainhook-launch", "mpi-worker"]
-
-
-def mpi_launch(command: list[str]) -> list[str]:
-    """An MPI launcher's command under `trainhook-launch mpirun --` (convert's MPIJob launchers; the webhook
-    resolves `trainhook-launch` to the copy it delivers)."""
-    return list(command) if command[:1] == ["trainhook-launch"] else MPI_LAUNCH + list(command)
-
-
-def role_command(options: RenderOptions, role: str) -> list[str]:
-    """The user's command as written: the webhook runs it under the launcher it delivers (`run --`; an MPI
-    launcher's under `mpirun --`, docs/use/delivery.md). An MPI gang's workers have no command of their own: the
-    webhook gives them `mpi-worker`, which keeps them up for mpirun's daemons."""
-    if options.framework == keys.MPI and role == "worker":
-        return []
-    return list(options.command)
-
-
-def pod_template(options: RenderOptions, role: str) -> dict:
-    container: dict = {"name": options.container or options.framework, "image": options.image}
-    command = role_command(options, role)
-    if command:
-        container["command"] = command
-    if options.env:
-        container["env"] = [{"name": name, "value": value} for name, value in options.env]
-    found = resources(options)
-    if found:
-        container["resources"] = found
-    return {"metadata": {}, "spec": {"containers": [container]}}
-
-
-def option_annotations(options: RenderOptions, members: int) -> dict[str, str]:
-    annotations: dict[str, str] = {}
-    if options.elastic:
-        if options.framework != keys.PYTORCH:
-            raise RenderError("--elastic is PyTorch's (torchrun's c10d rendezvous)")
-        low, sep, high = options.elastic.partition(":")
-        if not (sep and low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
-            raise RenderError(f"--elastic {options.elastic}: write MIN:MAX nodes with 1 <= MIN <= MAX, e.g. 2:4")
-        if not int(low) <= members <= int(high):
-            raise RenderError(f"--elastic {options.elastic}: the gang's {members} pods must lie within it")
-        annotations[keys.ELASTIC] = options.elastic
-    if options.on_failure:
-        if options.on_failure not in ON_FAILURE_POLICIES:
-            raise RenderError(f"--on-failure {options.on_failure}: use {' or '.join(ON_FAILURE_POLICIES)}")
-        annotations[ON_FAILURE] = options.on_failure
-    for flag, number, key in (("--max-restarts", options.max_restarts, keys.MAX_RESTARTS),
-                              ("--active-deadline-seconds", options.active_deadline_seconds, ACTIVE_DEADLINE_SECONDS)):
-        if number is not None:
-            if number < (1 if key == ACTIVE_DEADLINE_SECONDS else 0):
-                raise RenderError(f"{flag} {number}: give a positive number")
-            annotations[key] = str(number)
-    nproc = options.nproc_per_node
-    if nproc:
-        if nproc not in keys.NPROC_WORDS and not (nproc.isdigit() and int(nproc) >= 1):
-            raise RenderError(f"--nproc-per-node {nproc}: use auto, cpu, gpu or a positive integer")
-        annotations[keys.NPROC_PER_NODE] = nproc
-    if options.port is not None:
-        if not 0 < options.port < 65536:
-            raise RenderError(f"--port {options.port}: use a TCP port from 1 to 65535")
-        annotations[keys.PORT] = str(options.port)
-    if options.container:
-        annotations[keys.CONTAINER] = options.container
-    return annotations
-
-
-def gang_of(options: RenderOptions) -> Gang:
-    if not options.image:
-        raise RenderError("--image is required: the training container's image")
-    if not options.roles:
-        raise RenderError("give the gang's size: --workers N, or --role ROLE=N for each role")
-    members = sum(count for _, count in options.roles)
-    templates = [(role, count, pod_template(options, role)) for role, count in options.roles]
-    return Gang(name=options.name, framework=options.framework, roles=templates, kind=options.kind,
-                namespace=options.namespace, annotations=option_annotations(options, members),
-                scheduling=options.scheduling, active_deadline_seconds=options.active_deadline_seconds,
-                priority_class=options.priority_class)
-
-
-def render(options: RenderOptions) -> list[dict]:
-    """The manifests for `options`: Service, workloads, PodGroup (raises RenderError)."""
-    return gang_objects(gang_of(options))
 
 
 class _Dumper(yaml.SafeDumper):

@@ -24,11 +24,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from trainhook.convert import convert_job
-from trainhook.gang_status import GangState, container_started, training_container_name
-from trainhook.render import RenderOptions, Scheduling, render
-from trainhook.sdk_command import function_command
-from trainhook.sdk_kubeflow import env_entries, framework_of, job_only, kubeflow_job, nproc_per_node, one_of, \
+from trainhook.convert.core import convert_job
+from trainhook.cluster.status import GangState, container_started, training_container_name
+from trainhook.render.objects import Scheduling
+from trainhook.render.options import RenderOptions, render
+from trainhook.sdk.command import function_command
+from trainhook.sdk.kubeflow import env_entries, framework_of, job_only, kubeflow_job, nproc_per_node, one_of, \
     pod_resources, replica_roles
 
 DEFAULT_BASE_IMAGE = "docker.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -56,7 +57,7 @@ def job_manifests(name: str, func: Callable | None = None, func_args: dict | Non
     """The manifests of a gang: a function shipped in the command (or `command`, or the image's own entrypoint),
     `num_workers` worker pods. Kubeflow's names (`job_kind`, `train_func`, `parameters`, `env_vars`,
     `num_procs_per_worker`, `num_worker_replicas`) mean what they mean to Kubeflow's SDK, so code written for it
-    makes the same pods here (trainhook/sdk_kubeflow.py)."""
+    makes the same pods here (trainhook/sdk/kubeflow.py)."""
     framework = framework_of(job_kind, framework)
     func = one_of("train_func", train_func, "func", func)
     func_args = one_of("parameters", parameters, "func_args", func_args)
@@ -129,7 +130,7 @@ class TrainingClient:
         """The connection, made on first use (a kubeconfig, else in-cluster)."""
         with self._lock:
             if self._cluster is None:
-                from trainhook.cluster_client import Cluster
+                from trainhook.cluster.client import Cluster
 
                 if self.client_configuration is not None:
                     from kubernetes import client
@@ -144,7 +145,7 @@ class TrainingClient:
         return self._namespace or self.cluster.namespace
 
     def _in(self, namespace: str | None):
-        from trainhook.cluster_client import Cluster
+        from trainhook.cluster.client import Cluster
 
         cluster = self.cluster
         return cluster if namespace in (None, cluster.namespace) else Cluster(cluster.api_client, namespace)
@@ -195,12 +196,12 @@ class TrainingClient:
 
     def get_job(self, name: str, namespace: str | None = None) -> GangState:
         """The gang's state: pods in rank order with phases and restarts, and its outcome."""
-        from trainhook.cluster_client import gang_state_of
+        from trainhook.cluster.client import gang_state_of
 
         return gang_state_of(self._in(namespace), name)
 
     def list_jobs(self, namespace: str | None = None) -> list[GangState]:
-        from trainhook.gang_status import gang_state
+        from trainhook.cluster.status import gang_state
 
         cluster = self._in(namespace)
         return [gang_state(name, cluster.namespace, g.workloads, g.pods) for name, g in cluster.gangs().items()]
@@ -217,10 +218,10 @@ class TrainingClient:
         container has not started yet are left out. With `follow`, waits for the gang's pods and their containers
         to start (through PodInitializing: right after create_job is fine) and for the logs to end. A pod that went
         before its log could be read (a finished StatefulSet gang is scaled to zero, maybe while this reads) is
-        given the last lines kept with the gang's outcome (the deciding rank's and rank 0's; trainhook/gang_logs.py),
-        and so is every kept rank of a finished gang without pods."""
-        from trainhook.gang_logs import RECORD_WAIT, in_rank_order, kept_for, kept_label, kept_of_pod, read_pod_log, \
-            state_of, wait_for_pods
+        given the last lines kept with the gang's outcome (the deciding rank's and rank 0's;
+        trainhook/cluster/logs.py), and so is every kept rank of a finished gang without pods."""
+        from trainhook.cluster.logs import RECORD_WAIT, in_rank_order, kept_for, kept_label, kept_of_pod, \
+            read_pod_log, state_of, wait_for_pods
 
         cluster = self._in(namespace)
         state, pods = wait_for_pods(cluster, name) if follow else state_of(cluster, name)
@@ -259,7 +260,7 @@ class TrainingClient:
                      polling_interval: float = 2.0, verbose: bool = False) -> GangState:
         """Wait until the gang succeeds (returns its state) or fails (raises JobFailed); TimeoutError after
         `timeout` seconds."""
-        from trainhook.cluster_client import wait_for_gang
+        from trainhook.cluster.client import wait_for_gang
 
         report = (lambda lines: print("\n".join(lines), flush=True)) if verbose else None
         state = wait_for_gang(self._in(namespace), name, timeout, polling_interval, report)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainhook import keys
-from trainhook.convert import KINDS
+from trainhook.convert.core import KINDS
 
 # Kubeflow's job kinds, as `trainhook convert` knows them: the kind decides the framework.
 JOB_KINDS: dict[str, str] = {kind: info.framework for (_, kind), info in KINDS.items()}
