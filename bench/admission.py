@@ -33,7 +33,7 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from objects import pod_of_statefulset, review, statefulset  # noqa: E402
 from webhook_process import free_port, start_webhook  # noqa: E402

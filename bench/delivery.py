@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 REVIEW_PROBE = """
 import json, sys, time, statistics
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{support!r}, {tests!r}]  # the tests' helpers: tests/support/, or tests/ before the rooms
 import trainhook.webhook.review
 assert trainhook.webhook.review.__file__.startswith({tree!r}), trainhook.webhook.review.__file__
 from objects import pod_of_statefulset, review, statefulset
@@ -66,7 +66,8 @@ def interleaved(a: list[str], b: list[str], repeat: int, env: dict | None = None
 
 
 def review_samples(tree: Path, rounds: int) -> list[float]:
-    code = REVIEW_PROBE.format(tests=str(tree / "tests"), tree=str(tree), rounds=rounds)
+    code = REVIEW_PROBE.format(support=str(tree / "tests" / "support"), tests=str(tree / "tests"), tree=str(tree),
+                               rounds=rounds)
     env = {**os.environ, "PYTHONPATH": str(tree / "build-path")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=tree / "build-path")

@@ -42,9 +42,9 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from conftest_cluster import cluster  # noqa: E402  hack/cluster.py, loaded as the tests load it
+from cluster_api import cluster  # noqa: E402  hack/cluster.py, loaded as the tests load it
 from webhook_process import free_port, start_webhook  # noqa: E402
 
 from trainhook.launcher.identity import Notary as NotaryClient  # noqa: E402

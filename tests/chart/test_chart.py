@@ -27,7 +27,7 @@ from trainhook.certs.build import build_ca
 from trainhook.webhook import server
 from trainhook.webhook.settings import DEFAULT_LAUNCHER_IMAGE
 
-DATA = Path(__file__).parent / "data" / "chart"
+DATA = Path(__file__).parent / "data"
 FULL_VALUES_FILE = DATA / "values-full.yaml"
 FULL = yaml.safe_load(FULL_VALUES_FILE.read_text())
 CERT_MANAGER_SCHEMA = json.loads((DATA / "cert-manager-v1.schema.json").read_text())

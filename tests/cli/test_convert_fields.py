@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_render import by_kind, validate_objects
+from rendered import by_kind, validate_objects
 from trainhook import keys
 from trainhook.cli import main
 from trainhook.convert import MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, convert_job, convert_text
 from trainhook.render.explain import explain_text
 from trainhook.render import ACTIVE_DEADLINE_SECONDS, ON_FAILURE, to_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "use" / "convert.md").read_text()
 PYTORCHJOB = yaml.safe_load((ROOT / "examples" / "kubeflow" / "pytorchjob.yaml").read_text())
 

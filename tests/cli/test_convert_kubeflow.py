@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_render import by_kind, validate_objects
+from rendered import by_kind, validate_objects
 from trainhook import keys
 from trainhook.convert import MPI_IMPLEMENTATION, SLOTS_PER_WORKER, convert_text
 from trainhook.render.explain import explain_text
 from trainhook.render import to_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KUBEFLOW = ROOT / "examples" / "kubeflow"
 EXAMPLES = sorted(KUBEFLOW.glob("*.yaml"))
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from test_convert_fields import job
-from test_render import by_kind, validate_objects
+from rendered import by_kind, validate_objects
 from trainhook import keys
 from trainhook.cli import main
 from trainhook.convert import ConvertError, convert_job, convert_text
@@ -21,7 +21,7 @@ from trainhook.render.explain import explain_text
 from trainhook.launcher.failure_rules import FailureRules
 from trainhook.render import ON_FAILURE, RenderOptions, render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "kubeflow").glob("*.yaml"))
 
 

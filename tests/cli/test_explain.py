@@ -16,7 +16,7 @@ from trainhook.render.explain import explain_text
 from trainhook.local.admission import build_review
 from trainhook.local.controllers import ADMIN_USER
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DDP = ROOT / "examples" / "pytorch" / "ddp.yaml"
 
 BROKEN = """\

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 import trainhook
-from test_render import validate_objects
+from rendered import validate_objects
 from trainhook import keys
 from trainhook.render import to_yaml
 from trainhook.sdk import TrainingClient, job_manifests
 from trainhook.sdk.command import DELIMITER, function_command, function_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def report_rank(args):

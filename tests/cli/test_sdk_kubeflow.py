@@ -13,14 +13,14 @@ import yaml
 from kubernetes.client import V1EnvVar, V1EnvVarSource, V1ObjectFieldSelector, V1ObjectMeta, \
     V1ResourceRequirements
 
-from test_render import validate_objects
+from rendered import validate_objects
 from trainhook import keys
 from trainhook.render.explain import explain_text
 from trainhook.render import to_yaml
 from trainhook.sdk import TrainingClient, job_manifests
 from trainhook.sdk.kubeflow import JOB_KINDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def train_func(parameters=None):

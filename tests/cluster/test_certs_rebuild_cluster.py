@@ -17,7 +17,6 @@ from kubernetes.client.rest import ApiException
 
 import test_certs_selfmanaged as selfmanaged
 from chart_render import find
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from helpers import wait_for
 from trainhook.certs import lifecycle
 from trainhook.certs.build import CA_FILE, CERT_FILE

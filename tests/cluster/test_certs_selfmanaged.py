@@ -29,7 +29,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from chart_render import find, render_chart
-from conftest_cluster import cluster, control_plane, k8s_namespace, wait_for_service_account_token  # noqa: F401
+from cluster_api import cluster, wait_for_service_account_token
 from trainhook.certs import lifecycle
 from trainhook.certs.build import CA_FILE, CERT_FILE, KEY_FILE, build_ca
 from trainhook.webhook import selfcerts
@@ -38,7 +38,7 @@ from webhook_process import free_port
 from helpers import wait_for
 
 pytestmark = pytest.mark.cluster
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 STRANGER_CA = build_ca("not-ours", dt.datetime.now(dt.timezone.utc)).cert_pem
 

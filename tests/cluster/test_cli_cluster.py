@@ -13,41 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest_cluster import control_plane, k8s_namespace, register_webhook, unregister_webhook  # noqa: F401
 from launcher_outcomes import decided, record
 from trainhook import keys
 from trainhook.cli import main
 
 pytestmark = pytest.mark.cluster
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def wait_until_mutating(api, timeout: float = 30) -> None:
-    """The API server picks a new webhook configuration up through an informer: retry a dry-run create of a
-    labeled Service until the webhook has made it headless."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
-    body = {"metadata": {"name": "probe", "labels": {keys.JOB_NAME: "probe"}}, "spec": {"ports": [{"port": 1}]}}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        created = core.create_namespaced_service("default", body, dry_run="All")
-        if created.spec.publish_not_ready_addresses:
-            return
-        time.sleep(0.3)
-    raise TimeoutError("the trainhook webhook configuration did not take effect")
-
-
-@pytest.fixture(scope="module")
-def mutating_webhook(control_plane, webhook):  # noqa: F811
-    """The real webhook server (tests/conftest.py) registered with the control plane for this module."""
-    with control_plane.api_client() as api:
-        register_webhook(api, webhook.ca_file.read_bytes(), webhook.url + "/mutate")
-        wait_until_mutating(api)
-        try:
-            yield webhook
-        finally:
-            unregister_webhook(api)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait_for(condition, timeout: float = 30, what: str = "condition"):
@@ -66,7 +37,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_submit_status_list_logs_delete_a_gang(control_plane, k8s_namespace, mutating_webhook, capsys):  # noqa: F811
+def test_submit_status_list_logs_delete_a_gang(control_plane, k8s_namespace, mutating_webhook, capsys):
     kube = ["--kubeconfig", str(control_plane.kubeconfig), "-n", k8s_namespace]
     code, out, err = cli(capsys, "submit", "mnist", "--role", "master=1", "--workers", "2", "--image",
                          "example.com/train:1", "--gpus", "1", *kube, "--", "torchrun", "/workspace/train.py")
@@ -130,7 +101,7 @@ def template_labeled_tf_gang() -> list[dict]:
 
 
 def test_a_gang_labeled_on_its_templates_only_is_one_gang_to_list_status_and_delete(
-        control_plane, k8s_namespace, mutating_webhook, capsys, tmp_path):  # noqa: F811
+        control_plane, k8s_namespace, mutating_webhook, capsys, tmp_path):
     kube = ["--kubeconfig", str(control_plane.kubeconfig), "-n", k8s_namespace]
     manifest = tmp_path / "tfjob.yaml"
     manifest.write_text(yaml.safe_dump_all(template_labeled_tf_gang()))
@@ -148,7 +119,7 @@ def test_a_gang_labeled_on_its_templates_only_is_one_gang_to_list_status_and_del
                                 "statefulset/tfjob-worker deleted", "service/tfjob deleted"]
 
 
-def test_submit_wait_shows_progress_and_times_out(control_plane, k8s_namespace, mutating_webhook, capsys,  # noqa: F811
+def test_submit_wait_shows_progress_and_times_out(control_plane, k8s_namespace, mutating_webhook, capsys,
                                                   monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))  # the kubeconfig found the way kubectl does
     manifest = ROOT / "examples" / "pytorch" / "ddp.yaml"
@@ -163,7 +134,7 @@ def test_submit_wait_shows_progress_and_times_out(control_plane, k8s_namespace, 
     assert "still Pending after 8s" in err
 
 
-def test_the_recorded_phase_is_the_outcome(control_plane, k8s_namespace, mutating_webhook, capsys):  # noqa: F811
+def test_the_recorded_phase_is_the_outcome(control_plane, k8s_namespace, mutating_webhook, capsys):
     kube = ["--kubeconfig", str(control_plane.kubeconfig), "-n", k8s_namespace]
     assert cli(capsys, "submit", "done", "--workers", "1", "--image", "i", *kube, "--", "true")[0] == 0
     code, _, err = cli(capsys, "submit", "done", "--workers", "1", "--image", "i", *kube, "--", "true")
@@ -179,7 +150,7 @@ def test_the_recorded_phase_is_the_outcome(control_plane, k8s_namespace, mutatin
     assert code == 1
 
 
-def test_a_refused_manifest_creates_nothing(control_plane, k8s_namespace, mutating_webhook, capsys,  # noqa: F811
+def test_a_refused_manifest_creates_nothing(control_plane, k8s_namespace, mutating_webhook, capsys,
                                             tmp_path):
     from kubernetes import client
 

@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
-from test_cli_cluster import cli, mutating_webhook, wait_for  # noqa: F401
-from trainhook import TrainingClient, keys
+from test_cli_cluster import cli, wait_for
+from trainhook import TrainingClient
 from trainhook.cli import main
 from trainhook.webhook.notary_records import parse_outcome, record_patch
 
@@ -36,7 +35,7 @@ def finish(api, namespace: str) -> None:
 
 
 def test_a_finished_gang_without_pods_shows_its_record_shape_and_kept_lines(
-        control_plane, k8s_namespace, mutating_webhook, capsys):  # noqa: F811
+        control_plane, k8s_namespace, mutating_webhook, capsys):
     kube = ["--kubeconfig", str(control_plane.kubeconfig), "-n", k8s_namespace]
     code, _, err = cli(capsys, "submit", "fin", "--workers", "2", "--image", "example.com/train:1", *kube, "--",
                        "python", "/train.py")

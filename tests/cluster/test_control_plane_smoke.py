@@ -7,12 +7,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from conftest_cluster import (  # noqa: F401  (fixtures; harmless if tests/conftest.py imports them too)
-    control_plane,
-    k8s_namespace,
-    wait_for_service_account_token,
-    webhook_configuration,
-)
+from cluster_api import wait_for_service_account_token, webhook_configuration
 from helpers import wait_for as _wait_for
 
 pytestmark = pytest.mark.cluster
@@ -20,7 +15,7 @@ pytestmark = pytest.mark.cluster
 
 
 
-def test_controllers_create_pending_pods(control_plane, k8s_namespace):  # noqa: F811
+def test_controllers_create_pending_pods(control_plane, k8s_namespace):
     ns = k8s_namespace
     with control_plane.api_client() as api:
         assert client.VersionApi(api).get_code().git_version == "v1.20.2"
@@ -58,7 +53,7 @@ def test_controllers_create_pending_pods(control_plane, k8s_namespace):  # noqa:
             assert pod.metadata.labels["statefulset.kubernetes.io/pod-name"] == pod.metadata.name
 
 
-def test_rbac_denies_an_unprivileged_service_account(control_plane, k8s_namespace):  # noqa: F811
+def test_rbac_denies_an_unprivileged_service_account(control_plane, k8s_namespace):
     ns = k8s_namespace
     with control_plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
@@ -101,7 +96,7 @@ def _can_list_configmaps(core: client.CoreV1Api, ns: str) -> bool:
         return False
 
 
-def test_webhook_configuration_is_accepted_by_the_api_server(control_plane):  # noqa: F811
+def test_webhook_configuration_is_accepted_by_the_api_server(control_plane):
     """The configuration register_webhook creates is valid for the API server (server-side dry run)."""
     body = webhook_configuration(control_plane.ca_pem, "https://127.0.0.1:9/mutate")
     with control_plane.api_client() as api:

@@ -21,10 +21,9 @@ from kubernetes.client.rest import ApiException
 
 from chart_render import find, render_chart
 from helpers import wait_for
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from webhook_process import start_webhook
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG_NAME = "trainhook-test"
 
 
@@ -40,7 +39,7 @@ def chart_webhook_configuration(url: str, ca_pem: bytes) -> dict:
 
 
 @pytest.fixture(scope="module")
-def wired_cluster(control_plane, tmp_path_factory):  # noqa: F811
+def wired_cluster(control_plane, tmp_path_factory):
     """The control plane with the real webhook registered through the chart's configuration."""
     workdir = tmp_path_factory.mktemp("cp-webhook")
     hook = start_webhook(workdir, extra_args=["--launcher-image", "registry.example/launcher:1"])
@@ -89,7 +88,7 @@ def gang_pods(api_client, namespace: str, count: int):
     return wait_for(f"{count} gang pods", listed, timeout=60)
 
 
-def test_the_controllers_pods_carry_the_contracts_wiring(wired_cluster, k8s_namespace):  # noqa: F811
+def test_the_controllers_pods_carry_the_contracts_wiring(wired_cluster, k8s_namespace):
     api_client, ns = wired_cluster["api"], k8s_namespace
     create_example(api_client, ns)
     service = client.CoreV1Api(api_client).read_namespaced_service("ddp", ns)
@@ -113,7 +112,7 @@ def test_the_controllers_pods_carry_the_contracts_wiring(wired_cluster, k8s_name
         assert pod.spec.hostname == f"ddp-{rank}" and pod.spec.subdomain == "ddp"
 
 
-def test_gpu_pods_get_the_gpu_toleration(wired_cluster, k8s_namespace):  # noqa: F811
+def test_gpu_pods_get_the_gpu_toleration(wired_cluster, k8s_namespace):
     api_client, ns = wired_cluster["api"], k8s_namespace
     sts = [o for o in example_objects() if o["kind"] == "StatefulSet"][0]
     sts["metadata"]["name"] = sts["spec"]["serviceName"] = "gpu"
@@ -130,7 +129,7 @@ def test_gpu_pods_get_the_gpu_toleration(wired_cluster, k8s_namespace):  # noqa:
     assert env_of(pod)["PET_NPROC_PER_NODE"] == "2"
 
 
-def test_a_refused_workload_fails_with_the_webhooks_message(wired_cluster, k8s_namespace):  # noqa: F811
+def test_a_refused_workload_fails_with_the_webhooks_message(wired_cluster, k8s_namespace):
     sts = [o for o in example_objects() if o["kind"] == "StatefulSet"][0]
     sts["metadata"]["labels"]["trainhook.dev/role"] = "boss"
     with pytest.raises(ApiException) as caught:
@@ -139,7 +138,7 @@ def test_a_refused_workload_fails_with_the_webhooks_message(wired_cluster, k8s_n
     assert "trainhook.dev/role='boss': not a pytorch role; use one of master, worker" in caught.value.body
 
 
-def test_scaling_a_statefulset_restamps_its_pods_shape(wired_cluster, k8s_namespace):  # noqa: F811
+def test_scaling_a_statefulset_restamps_its_pods_shape(wired_cluster, k8s_namespace):
     api_client, ns = wired_cluster["api"], k8s_namespace
     create_example(api_client, ns)
     gang_pods(api_client, ns, 4)
@@ -152,7 +151,7 @@ def test_scaling_a_statefulset_restamps_its_pods_shape(wired_cluster, k8s_namesp
     assert env_of(pods[5])["RANK"] == "5"
 
 
-def test_webhook_down_blocks_labeled_pods_only_and_the_controller_recovers(wired_cluster, k8s_namespace):  # noqa: F811
+def test_webhook_down_blocks_labeled_pods_only_and_the_controller_recovers(wired_cluster, k8s_namespace):
     api_client, ns = wired_cluster["api"], k8s_namespace
     core = client.CoreV1Api(api_client)
     create_example(api_client, ns)
@@ -182,7 +181,7 @@ def test_webhook_down_blocks_labeled_pods_only_and_the_controller_recovers(wired
 
 
 def test_indexed_jobs_are_not_available_on_1_20_and_their_pods_are_refused_clearly(wired_cluster,
-                                                                                    k8s_namespace):  # noqa: F811
+                                                                                    k8s_namespace):
     api_client, ns = wired_cluster["api"], k8s_namespace
     job = {"apiVersion": "batch/v1", "kind": "Job",
            "metadata": {"name": "ij", "labels": {"trainhook.dev/framework": "pytorch"}},
@@ -201,7 +200,7 @@ def test_indexed_jobs_are_not_available_on_1_20_and_their_pods_are_refused_clear
     assert "set spec.completionMode: Indexed on the Job" in messages[0]
 
 
-def test_a_priority_class_annotation_reaches_the_api_servers_priority_plugin(wired_cluster, k8s_namespace):  # noqa: F811
+def test_a_priority_class_annotation_reaches_the_api_servers_priority_plugin(wired_cluster, k8s_namespace):
     api_client, ns = wired_cluster["api"], k8s_namespace
     scheduling = client.SchedulingV1Api(api_client)
     name = f"train-high-{ns}"

@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401  (fixtures)
 from helpers import wait_for
-from test_notary_cluster import create_gang, imposter_pod, notary, pod_token  # noqa: F401  (notary: a fixture)
+from test_notary_cluster import create_gang, imposter_pod, pod_token
 from trainhook.launcher.lifecycle import EXIT_CODE, PHASE, PHASE_REASON, PHASE_TIME
 
 pytestmark = pytest.mark.cluster
@@ -85,7 +84,7 @@ class Launcher:
 
 @pytest.mark.parametrize("code, phase", [(0, "Succeeded"), (3, "Failed")])
 def test_the_notary_records_the_launchers_outcome_and_scales_the_statefulset_to_zero(
-        notary, control_plane, k8s_namespace, tmp_path, code, phase):  # noqa: F811
+        notary, control_plane, k8s_namespace, tmp_path, code, phase):
     api = control_plane.api_client()
     ns = k8s_namespace
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
@@ -113,7 +112,7 @@ def test_the_notary_records_the_launchers_outcome_and_scales_the_statefulset_to_
 
 
 def test_a_restarted_coordinator_learns_the_outcome_from_the_notary_and_does_not_train(
-        notary, control_plane, k8s_namespace, tmp_path):  # noqa: F811
+        notary, control_plane, k8s_namespace, tmp_path):
     """A container restarted after the record (its state directory gone: a pod replaced) asks the notary."""
     api = control_plane.api_client()
     create_gang(api, k8s_namespace, NAME, replicas=1)
@@ -137,7 +136,7 @@ def test_a_restarted_coordinator_learns_the_outcome_from_the_notary_and_does_not
 
 
 def test_a_launcher_whose_pod_is_not_a_member_gets_no_key_and_says_why(notary, control_plane, k8s_namespace,
-                                                                       tmp_path):  # noqa: F811
+                                                                       tmp_path):
     """A bare pod copying the gang's labels in rank 1's place (at rank 0 it would be a bare-Pod gang of its own,
     with another key: test_notary_cluster.py) runs the launcher: 403 until the deadline, then it gives up."""
     api = control_plane.api_client()

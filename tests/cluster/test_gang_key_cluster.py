@@ -14,7 +14,6 @@ from kubernetes import client
 
 import test_certs_selfmanaged as selfmanaged
 from chart_render import find, render_chart
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from helpers import wait_for
 from trainhook.webhook import gang_key
 from trainhook.webhook.gang_key import GangKey, GangKeyError

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes import client
 
-from conftest_cluster import control_plane, k8s_namespace, wait_for_service_account_token  # noqa: F401
+from cluster_api import wait_for_service_account_token
 from trainhook.launcher import kube_api, outcome_api
 from trainhook.launcher.lifecycle import FAILED, Outcome
 
@@ -39,7 +39,7 @@ def service_account(plane, api, namespace: str, name: str, directory: Path) -> k
 
 
 @pytest.fixture
-def workloads(control_plane, k8s_namespace, tmp_path):  # noqa: F811
+def workloads(control_plane, k8s_namespace, tmp_path):
     """A StatefulSet and a Job named `train`, and clients for `trainer` (bound to a Role of RECORDER_RULES in the
     namespace) and `nobody`."""
     ns = k8s_namespace
@@ -109,6 +109,6 @@ def test_a_missing_workload_is_named(workloads):
 
 
 def test_the_admins_json_kubeconfig_with_certificate_data_works_outside_a_pod(
-        control_plane, k8s_namespace):  # noqa: F811
+        control_plane, k8s_namespace):
     admin = kube_api.any_client("/nonexistent", {"KUBECONFIG": str(control_plane.kubeconfig)})
     assert admin.get(f"/api/v1/namespaces/{k8s_namespace}")["metadata"]["name"] == k8s_namespace

@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from chart_render import find, find_all, render_chart
-from conftest_cluster import control_plane, k8s_namespace, wait_for_service_account_token  # noqa: F401
+from chart_render import find, render_chart
+from cluster_api import wait_for_service_account_token
 from helpers import wait_for
 from trainhook.launcher import deliver
 from trainhook.webhook import launcher_configmap as lcm

@@ -18,13 +18,13 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes import client
 
-from conftest_cluster import control_plane, k8s_namespace, wait_for_service_account_token  # noqa: F401
+from cluster_api import wait_for_service_account_token
 
 pytestmark = pytest.mark.cluster
 SERVICE_ACCOUNT_DIR = "/run/secrets/kubernetes.io/serviceaccount"  # /var/run is /run
 
 
-def as_a_pod(control_plane, namespace: str, tmp_path: Path, *agent_args: str, **env: str):  # noqa: F811
+def as_a_pod(control_plane, namespace: str, tmp_path: Path, *agent_args: str, **env: str):
     """Run the agent with the namespace's `default` ServiceAccount, the way it runs in a pod (in-cluster config)."""
     with control_plane.api_client() as api:
         token = wait_for_service_account_token(api, namespace, "default")
@@ -42,7 +42,7 @@ def as_a_pod(control_plane, namespace: str, tmp_path: Path, *agent_args: str, **
                                "KUBERNETES_SERVICE_PORT": str(server.port), **env})
 
 
-def bind_gang_role(control_plane, namespace: str, pods: list[str], list_pods: bool = False) -> None:  # noqa: F811
+def bind_gang_role(control_plane, namespace: str, pods: list[str], list_pods: bool = False) -> None:
     """The per-gang Role of docs/use/frameworks/mpi.md for the namespace's `default` ServiceAccount: get and exec on
     the gang's own pods only (resourceNames); `list` (which resourceNames cannot scope) only where a pod must be
     found by its hostname (a Job's generated pod names)."""
@@ -59,7 +59,7 @@ def bind_gang_role(control_plane, namespace: str, pods: list[str], list_pods: bo
             "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}]})
 
 
-def create_pod(control_plane, namespace: str, name: str, hostname: str, containers=("mpi",),  # noqa: F811
+def create_pod(control_plane, namespace: str, name: str, hostname: str, containers=("mpi",),
                annotations: dict | None = None) -> None:
     with control_plane.api_client() as api:
         client.CoreV1Api(api).create_namespaced_pod(namespace, {
@@ -69,7 +69,7 @@ def create_pod(control_plane, namespace: str, name: str, hostname: str, containe
 
 
 def test_with_the_gangs_role_the_exec_call_is_made_and_its_refusal_reported(
-        control_plane, k8s_namespace, tmp_path):  # noqa: F811
+        control_plane, k8s_namespace, tmp_path):
     bind_gang_role(control_plane, k8s_namespace, ["pi-worker-0"])
     create_pod(control_plane, k8s_namespace, "pi-worker-0", "pi-worker-0")
     done = as_a_pod(control_plane, k8s_namespace, tmp_path, "-o", "ConnectionAttempts=10", "pi-worker-0.pi",
@@ -85,7 +85,7 @@ def test_with_the_gangs_role_the_exec_call_is_made_and_its_refusal_reported(
 
 
 def test_a_job_pod_is_found_by_its_hostname_and_its_named_container_used(
-        control_plane, k8s_namespace, tmp_path):  # noqa: F811
+        control_plane, k8s_namespace, tmp_path):
     bind_gang_role(control_plane, k8s_namespace, ["pi-worker-1-x7k2p"], list_pods=True)
     create_pod(control_plane, k8s_namespace, "pi-worker-1-x7k2p", "pi-worker-1", containers=("sidecar", "mpi"),
                annotations={"trainhook.dev/container": "mpi"})
@@ -96,7 +96,7 @@ def test_a_job_pod_is_found_by_its_hostname_and_its_named_container_used(
             "pod pi-worker-1-x7k2p does not have a host assigned (HTTP 400)") in done.stderr
 
 
-def test_a_missing_pod_is_named(control_plane, k8s_namespace, tmp_path):  # noqa: F811
+def test_a_missing_pod_is_named(control_plane, k8s_namespace, tmp_path):
     bind_gang_role(control_plane, k8s_namespace, ["pi-worker-7"], list_pods=True)
     done = as_a_pod(control_plane, k8s_namespace, tmp_path, "pi-worker-7.pi", "true", TRAINHOOK_JOB_NAME="pi")
     assert done.returncode == 255
@@ -104,7 +104,7 @@ def test_a_missing_pod_is_named(control_plane, k8s_namespace, tmp_path):  # noqa
                                    f"'{k8s_namespace}', and no pod of gang 'pi' with that hostname")
 
 
-def test_without_a_role_the_agent_names_the_permission(control_plane, k8s_namespace, tmp_path):  # noqa: F811
+def test_without_a_role_the_agent_names_the_permission(control_plane, k8s_namespace, tmp_path):
     create_pod(control_plane, k8s_namespace, "pi-worker-0", "pi-worker-0")
     done = as_a_pod(control_plane, k8s_namespace, tmp_path, "pi-worker-0.pi", "true")
     assert done.returncode == 255
@@ -113,7 +113,7 @@ def test_without_a_role_the_agent_names_the_permission(control_plane, k8s_namesp
     assert "which the chart no longer grants: bind a Role for this gang's pods" in done.stderr
 
 
-def test_reading_pods_is_not_enough_to_exec(control_plane, k8s_namespace, tmp_path):  # noqa: F811
+def test_reading_pods_is_not_enough_to_exec(control_plane, k8s_namespace, tmp_path):
     with control_plane.api_client() as api:
         rbac = client.RbacAuthorizationV1Api(api)
         rbac.create_namespaced_role(k8s_namespace, {"metadata": {"name": "read-pods"}, "rules": [

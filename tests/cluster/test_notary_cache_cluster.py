@@ -15,7 +15,6 @@ import collections
 import pytest
 from kubernetes import client
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from helpers import wait_for
 from test_notary_cluster import GANG_KEY, create_gang, expected_key, imposter_pod, pod_token
 
@@ -42,7 +41,7 @@ class CountingAuthority(ClusterAuthority):
 
 
 @pytest.fixture
-def notary(control_plane):  # noqa: F811
+def notary(control_plane):
     api = control_plane.api_client()
     authority = CountingAuthority(api)
     notary = Notary(authority, GANG_KEY, reviews=ReviewCache(max_age=LONG), anchors=SharedReads(ttl=LONG))
@@ -63,7 +62,7 @@ def refusal(notary: Notary, token: str, shared: bool = True) -> Refusal:
 
 
 def test_a_gangs_members_share_one_anchor_read_and_their_reviews_are_kept(notary, control_plane,
-                                                                           k8s_namespace):  # noqa: F811
+                                                                           k8s_namespace):
     api = control_plane.api_client()
     sts = create_gang(api, k8s_namespace, "burst", replicas=8)
     tokens = [pod_token(api, k8s_namespace, f"burst-{i}") for i in range(8)]
@@ -85,7 +84,7 @@ def test_a_gangs_members_share_one_anchor_read_and_their_reviews_are_kept(notary
 
 
 def test_a_job_recreated_within_the_caches_lifetime_gets_the_new_key_and_old_tokens_are_refused(
-        notary, control_plane, k8s_namespace):  # noqa: F811
+        notary, control_plane, k8s_namespace):
     api = control_plane.api_client()
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     first = create_gang(api, k8s_namespace, "again")
@@ -128,7 +127,7 @@ def test_a_job_recreated_within_the_caches_lifetime_gets_the_new_key_and_old_tok
 
 
 def test_a_replaced_rank_0_and_a_labeled_non_member_are_judged_on_fresh_reads(notary, control_plane,
-                                                                               k8s_namespace):  # noqa: F811
+                                                                               k8s_namespace):
     api = control_plane.api_client()
     core = client.CoreV1Api(api)
     sts = create_gang(api, k8s_namespace, "swap")
@@ -165,7 +164,7 @@ def test_a_replaced_rank_0_and_a_labeled_non_member_are_judged_on_fresh_reads(no
 
 
 def test_a_flood_of_bogus_tokens_costs_no_review_and_keeps_the_caches_bounded(control_plane,
-                                                                               k8s_namespace):  # noqa: F811
+                                                                               k8s_namespace):
     api = control_plane.api_client()
     authority = CountingAuthority(api)
     notary = Notary(authority, GANG_KEY, reviews=ReviewCache(size=16), anchors=SharedReads(size=8))

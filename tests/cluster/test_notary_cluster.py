@@ -11,30 +11,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-import pytest
 import requests
 from kubernetes import client
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
+from cluster_api import NOTARY_GANG_KEY
 from helpers import wait_for
-from webhook_process import free_port, start_webhook
 
-GANG_KEY = b"notary-test-gang-key-0123456789abcdef"
+GANG_KEY = NOTARY_GANG_KEY  # the key of the `notary` fixture (tests/cluster/conftest.py)
 SA = "trainer"
-
-
-@pytest.fixture(scope="module")
-def notary(control_plane, tmp_path_factory):  # noqa: F811
-    workdir = tmp_path_factory.mktemp("notary")
-    key_file = workdir / "gang.key"
-    key_file.write_bytes(GANG_KEY)
-    port = free_port()
-    hook = start_webhook(workdir, env=control_plane.env(), extra_args=[
-        "--notary-authority", "cluster", "--notary-port", str(port), "--notary-url", f"https://127.0.0.1:{port}",
-        "--gang-key-file", str(key_file)])
-    hook.notary_url = f"https://127.0.0.1:{port}"
-    yield hook
-    hook.stop()
 
 
 def call(notary, method: str, path: str, token: str | None, body: dict | None = None) -> requests.Response:
@@ -93,7 +77,7 @@ def outcome(phase: str = "Failed", code: int = 3, rank: int = 1, reason: str = "
     return {"outcome": {**body, "pod": pod} if pod else body}
 
 
-def test_every_member_gets_the_gangs_key(notary, control_plane, k8s_namespace):  # noqa: F811
+def test_every_member_gets_the_gangs_key(notary, control_plane, k8s_namespace):
     api = control_plane.api_client()
     sts = create_gang(api, k8s_namespace, "keyed")
     gang, key = expected_key(k8s_namespace, "keyed", sts["metadata"]["uid"])
@@ -114,7 +98,7 @@ def imposter_pod(job: str, index: int, name: str) -> dict:
 
 
 def test_a_pod_merely_labeled_with_the_job_name_is_refused_and_logged_once(notary, control_plane,
-                                                                         k8s_namespace):  # noqa: F811
+                                                                         k8s_namespace):
     api = control_plane.api_client()
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     sts = create_gang(api, k8s_namespace, "victim")
@@ -146,7 +130,7 @@ def test_a_pod_merely_labeled_with_the_job_name_is_refused_and_logged_once(notar
     assert call(notary, "GET", "/v1/outcome", pod_token(api, k8s_namespace, "victim-0")).json() == {"outcome": None}
 
 
-def test_a_token_of_another_audience_or_none_is_unauthenticated(notary, control_plane, k8s_namespace):  # noqa: F811
+def test_a_token_of_another_audience_or_none_is_unauthenticated(notary, control_plane, k8s_namespace):
     api = control_plane.api_client()
     create_gang(api, k8s_namespace, "aud")
     other = call(notary, "POST", "/v1/credential", pod_token(api, k8s_namespace, "aud-0", audience="vault"), {})
@@ -157,7 +141,7 @@ def test_a_token_of_another_audience_or_none_is_unauthenticated(notary, control_
 
 
 def test_only_the_coordinator_records_and_the_record_stops_and_tells(notary, control_plane,
-                                                                      k8s_namespace):  # noqa: F811
+                                                                      k8s_namespace):
     api = control_plane.api_client()
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     create_gang(api, k8s_namespace, "rec")
@@ -213,7 +197,7 @@ def test_only_the_coordinator_records_and_the_record_stops_and_tells(notary, con
     assert len([e for e in core.list_namespaced_event(k8s_namespace).items if e.reason == "GangFailed"]) == 1
 
 
-def test_a_job_deleted_and_recreated_gets_another_key(notary, control_plane, k8s_namespace):  # noqa: F811
+def test_a_job_deleted_and_recreated_gets_another_key(notary, control_plane, k8s_namespace):
     api = control_plane.api_client()
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     first = create_gang(api, k8s_namespace, "again")

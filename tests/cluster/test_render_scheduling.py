@@ -11,15 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
-from test_cli_cluster import cli, mutating_webhook, wait_for  # noqa: F401
-from test_render import PODGROUP_CRDS, by_kind, options, validate_objects
+from test_cli_cluster import cli, wait_for
+from rendered import PODGROUP_CRDS, by_kind, options, validate_objects
 from trainhook import keys
 from trainhook.cli import main
 from trainhook.render.explain import explain_text
 from trainhook.render import RenderError, Scheduling, render, to_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "scheduling").glob("*.yaml"))
 
 
@@ -77,7 +76,7 @@ def test_scheduling_that_cannot_work_is_refused(scheduling, fragment):
 def test_podgroups_are_checked_against_the_schedulers_crds():
     import jsonschema
 
-    from test_render import podgroup_schema
+    from rendered import podgroup_schema
     for api_version in PODGROUP_CRDS:
         bad = {"apiVersion": api_version, "kind": "PodGroup", "metadata": {"name": "x"},
                "spec": {"minMember": "four"}}
@@ -141,7 +140,7 @@ def test_render_to_yaml_round_trips_the_podgroup():
 # --- on a real API server ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def podgroup_crds(control_plane):  # noqa: F811
+def podgroup_crds(control_plane):
     """The schedulers' PodGroup CRDs installed (no scheduler runs: the pods stay Pending, as they should)."""
     from kubernetes import client
     with control_plane.api_client() as api:
@@ -172,7 +171,7 @@ def podgroup_crds(control_plane):  # noqa: F811
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
-def test_each_example_on_a_real_api_server(example, control_plane, k8s_namespace, mutating_webhook,  # noqa: F811
+def test_each_example_on_a_real_api_server(example, control_plane, k8s_namespace, mutating_webhook,
                                            podgroup_crds, capsys):
     from kubernetes import client
     code, out, err = cli(capsys, "submit", "-f", str(example), "-n", k8s_namespace, "--kubeconfig",

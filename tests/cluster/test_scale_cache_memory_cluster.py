@@ -12,7 +12,6 @@ from pathlib import Path
 
 from kubernetes import client
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from helpers import wait_for
 from objects import statefulset
 from webhook_process import start_webhook
@@ -47,7 +46,7 @@ def create_many(api_client, namespace: str) -> None:
             pass
 
 
-def test_ten_thousand_statefulsets_are_listed_in_pages_within_a_bounded_peak(control_plane, k8s_namespace,  # noqa: F811
+def test_ten_thousand_statefulsets_are_listed_in_pages_within_a_bounded_peak(control_plane, k8s_namespace,
                                                                              tmp_path):
     started = time.monotonic()
     with control_plane.api_client() as api:

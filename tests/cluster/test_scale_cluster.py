@@ -16,7 +16,6 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from helpers import wait_for
 from objects import statefulset
 from test_control_plane_webhook import chart_webhook_configuration
@@ -26,7 +25,7 @@ CONFIG_NAME = "trainhook-test"  # chart_webhook_configuration names it so; one m
 
 
 @pytest.fixture(scope="module")
-def scale_cluster(control_plane, tmp_path_factory):  # noqa: F811
+def scale_cluster(control_plane, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("scale-webhook")
     hook = start_webhook(workdir, extra_args=["--launcher-image", "registry.example/launcher:1",
                                               "--watch-statefulsets"], env=control_plane.env())
@@ -77,7 +76,7 @@ def replicas_of(api_client, namespace: str, name: str) -> int:
 
 
 @pytest.mark.parametrize("how", ["patch", "replace"])
-def test_scaling_a_running_fixed_gang_is_refused_with_the_fix(scale_cluster, k8s_namespace, how):  # noqa: F811
+def test_scaling_a_running_fixed_gang_is_refused_with_the_fix(scale_cluster, k8s_namespace, how):
     api, ns = scale_cluster["api"], k8s_namespace
     create(api, ns, statefulset("ddp", 3))
     body = refused(api, ns, "ddp", 4, how)
@@ -89,7 +88,7 @@ def test_scaling_a_running_fixed_gang_is_refused_with_the_fix(scale_cluster, k8s
     assert replicas_of(api, ns, "ddp") == 3
 
 
-def test_a_gang_scales_to_zero_and_back_to_its_size_but_no_other(scale_cluster, k8s_namespace):  # noqa: F811
+def test_a_gang_scales_to_zero_and_back_to_its_size_but_no_other(scale_cluster, k8s_namespace):
     api, ns = scale_cluster["api"], k8s_namespace
     create(api, ns, statefulset("ddp", 3))
     scale(api, ns, "ddp", 0)  # the launcher's scale of a finished gang
@@ -99,7 +98,7 @@ def test_a_gang_scales_to_zero_and_back_to_its_size_but_no_other(scale_cluster, 
     assert replicas_of(api, ns, "ddp") == 3
 
 
-def test_an_elastic_gang_scales_within_its_range_without_rolling_its_pods(scale_cluster, k8s_namespace):  # noqa: F811
+def test_an_elastic_gang_scales_within_its_range_without_rolling_its_pods(scale_cluster, k8s_namespace):
     api, ns = scale_cluster["api"], k8s_namespace
     create(api, ns, statefulset("el", 2, annotations={"trainhook.dev/elastic": "2:4"}))
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
@@ -121,7 +120,7 @@ def test_an_elastic_gang_scales_within_its_range_without_rolling_its_pods(scale_
     assert replicas_of(api, ns, "el") == 2
 
 
-def test_an_unlabeled_statefulsets_scale_is_untouched(scale_cluster, k8s_namespace):  # noqa: F811
+def test_an_unlabeled_statefulsets_scale_is_untouched(scale_cluster, k8s_namespace):
     api, ns = scale_cluster["api"], k8s_namespace
     plain = statefulset("web", 1)
     for labels in (plain["metadata"]["labels"], plain["spec"]["template"]["metadata"]["labels"]):
@@ -131,12 +130,12 @@ def test_an_unlabeled_statefulsets_scale_is_untouched(scale_cluster, k8s_namespa
     assert replicas_of(api, ns, "web") == 5
 
 
-def test_the_charts_role_is_enough_for_the_watch_and_no_more(control_plane, k8s_namespace):  # noqa: F811
+def test_the_charts_role_is_enough_for_the_watch_and_no_more(control_plane, k8s_namespace):
     """The chart's <fullname>-statefulsets ClusterRole and binding, created on the real API server for a
     ServiceAccount of the chart's: the webhook's cache lists and watches StatefulSets with that token alone."""
     import uuid
     from chart_render import find, render_chart
-    from conftest_cluster import wait_for_service_account_token
+    from cluster_api import wait_for_service_account_token
     from trainhook.webhook.statefulset_cache import StatefulSetCache, start_background, wait_synced
     fullname = f"th-{uuid.uuid4().hex[:8]}"
     manifests = render_chart({"fullnameOverride": fullname}, k8s_namespace)
@@ -168,7 +167,7 @@ def test_the_charts_role_is_enough_for_the_watch_and_no_more(control_plane, k8s_
             rbac.delete_cluster_role(f"{fullname}-statefulsets")
 
 
-def test_with_the_webhook_down_every_scale_goes_through(scale_cluster, k8s_namespace):  # noqa: F811
+def test_with_the_webhook_down_every_scale_goes_through(scale_cluster, k8s_namespace):
     """failurePolicy Ignore: an unlabeled StatefulSet must never depend on trainhook being up (last in this
     module: it stops the webhook)."""
     api, ns = scale_cluster["api"], k8s_namespace

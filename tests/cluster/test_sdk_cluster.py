@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
-from test_cli_cluster import mutating_webhook, wait_for  # noqa: F401
+from test_cli_cluster import wait_for
 from launcher_outcomes import decided, record
 from trainhook import JobFailed, TrainingClient, keys
 
@@ -18,7 +17,7 @@ def train(args):
     print("rank", os.environ["RANK"], "lr", args["lr"])
 
 
-def test_create_get_list_logs_wait_delete(control_plane, k8s_namespace, mutating_webhook):  # noqa: F811
+def test_create_get_list_logs_wait_delete(control_plane, k8s_namespace, mutating_webhook):
     with TrainingClient(config_file=str(control_plane.kubeconfig), namespace=k8s_namespace) as client:
         created = client.create_job("sdk", func=train, func_args={"lr": 0.1}, num_workers=3,
                                     resources_per_worker={"cpu": "100m", "memory": "64Mi"})
@@ -51,7 +50,7 @@ def test_create_get_list_logs_wait_delete(control_plane, k8s_namespace, mutating
         assert client.list_jobs() == []
 
 
-def kubeconfig_in(control_plane, tmp_path, namespace: str):  # noqa: F811
+def kubeconfig_in(control_plane, tmp_path, namespace: str):
     """The control plane's kubeconfig with its context in `namespace`, as a user's would be."""
     import yaml
     config = yaml.safe_load(control_plane.kubeconfig.read_text())
@@ -66,7 +65,7 @@ def train_func(parameters=None):
     dist.init_process_group("nccl")
 
 
-def test_a_kubeflow_users_call_creates_100_gpu_pods_wired_by_the_webhook(  # noqa: F811
+def test_a_kubeflow_users_call_creates_100_gpu_pods_wired_by_the_webhook(
         control_plane, k8s_namespace, mutating_webhook, tmp_path, monkeypatch):
     """The call as Kubeflow SDK users write it (job_kind included), against the API server: what it submits, what
     the API server stored after the webhook, and the 100 pods the StatefulSet controller made through it."""
@@ -102,13 +101,13 @@ def test_a_kubeflow_users_call_creates_100_gpu_pods_wired_by_the_webhook(  # noq
         assert client.delete_job("seed") == ["statefulset/seed", "service/seed"]
 
 
-def test_the_namespace_comes_from_the_kubeconfig_context(control_plane, tmp_path):  # noqa: F811
+def test_the_namespace_comes_from_the_kubeconfig_context(control_plane, tmp_path):
     path = kubeconfig_in(control_plane, tmp_path, "from-context")
     assert TrainingClient(config_file=str(path)).namespace == "from-context"
     assert TrainingClient(config_file=str(path), namespace="given").namespace == "given"
 
 
-def test_kubeflows_client_configuration_is_used_instead_of_a_kubeconfig(control_plane, k8s_namespace):  # noqa: F811
+def test_kubeflows_client_configuration_is_used_instead_of_a_kubeconfig(control_plane, k8s_namespace):
     from kubernetes import client, config
     configuration = client.Configuration()
     config.load_kube_config(config_file=str(control_plane.kubeconfig), client_configuration=configuration)

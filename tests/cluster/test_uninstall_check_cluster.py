@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from chart_render import find, render_chart
-from conftest_cluster import cluster, control_plane, k8s_namespace, wait_for_service_account_token  # noqa: F401
+from cluster_api import cluster, wait_for_service_account_token
 from helpers import wait_for
 from objects import statefulset
 
@@ -27,7 +27,7 @@ def labeled_pod(name: str, labels: dict) -> dict:
 
 
 @pytest.fixture
-def release(control_plane, k8s_namespace, tmp_path):  # noqa: F811
+def release(control_plane, k8s_namespace, tmp_path):
     """A release namespace with the chart's ServiceAccount and notary ClusterRole; yields a function running the
     chart's check Job command (with `values`) as that ServiceAccount: (exit code, output)."""
     fullname, release_ns = f"th-{uuid.uuid4().hex[:8]}", f"rel-{uuid.uuid4().hex[:8]}"
@@ -61,7 +61,7 @@ def release(control_plane, k8s_namespace, tmp_path):  # noqa: F811
             core.delete_namespace(release_ns)
 
 
-def test_running_gangs_refuse_the_uninstall_naming_them_and_the_fix(release, k8s_namespace):  # noqa: F811
+def test_running_gangs_refuse_the_uninstall_naming_them_and_the_fix(release, k8s_namespace):
     api, ns = release["api"], k8s_namespace
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     assert release["check"]() == (0, "trainhook: no training gang is running; uninstalling release trainhook\n")

@@ -14,7 +14,6 @@ import time
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
 from helpers import wait_for
 from test_control_plane_webhook import CONFIG_NAME, chart_webhook_configuration
 from trainhook.certs.build import build_ca
@@ -31,8 +30,8 @@ def gang_pod(name: str, finalizers: list[str] | None = None) -> dict:
             "spec": {"containers": [{"name": "trainer", "image": "example.com/train:1"}]}}
 
 
-def test_with_the_webhook_down_a_gang_pods_finalizer_is_removed_and_the_pod_goes(control_plane,  # noqa: F811
-                                                                              k8s_namespace):  # noqa: F811
+def test_with_the_webhook_down_a_gang_pods_finalizer_is_removed_and_the_pod_goes(control_plane,
+                                                                              k8s_namespace):
     ns = k8s_namespace
     with control_plane.api_client() as api:  # admitted earlier, while the webhook was up (here: not yet registered)
         client.CoreV1Api(api).create_namespaced_pod(ns, gang_pod("g-0", [FINALIZER]))

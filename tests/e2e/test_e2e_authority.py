@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 from e2e_gangs import pods_of, statefulset, statefulset_gang
 from e2e_helpers import RELEASE_NAMESPACE, LogFollower, shown_on_failure, wait_for

@@ -12,7 +12,6 @@ nothing but what each test puts there.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import struct

@@ -24,7 +24,7 @@ from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
 from objects import indexed_job, pod_of_statefulset, statefulset
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = Settings(launcher_image="registry.example/launcher:1", wait_timeout=300)
 
 

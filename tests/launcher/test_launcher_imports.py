@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
+LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
 PACKAGE = "trainhook.launcher"
 
 

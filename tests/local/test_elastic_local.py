@@ -22,7 +22,7 @@ from helpers import local_summary, wait_for
 
 from trainhook.local.scaling import plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = """import os, sys, time
 index, job = int(os.environ["TRAINHOOK_INDEX"]), os.environ["TRAINHOOK_JOB_NAME"]
 print(f"TRAIN {job} {index} attempt={os.environ.get('TRAINHOOK_ATTEMPT')}", flush=True)

@@ -30,7 +30,7 @@ from expected import gang_env, stamped, wired
 from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
 from helpers import local_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SETTINGS = Settings(launcher_image="registry.example/launcher:1", wait_timeout=300)
 

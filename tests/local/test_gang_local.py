@@ -22,8 +22,8 @@ from helpers import local_summary as summary
 
 from trainhook.webhook.notary_local import stored_events
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "tests" / "data" / "gang"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "local" / "data"
 TRAIN = (DATA / "train.py").read_text()
 RUN = ["trainhook-launch", "run", "--", "python", "/code/train.py"]
 EVENT = re.compile(r"^\[(?P<pod>[\w-]+)\] "

@@ -16,7 +16,7 @@ import yaml
 from trainhook.local.network import list_run_namespaces
 from helpers import local_summary as summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DDP = ROOT / "examples" / "pytorch" / "ddp.yaml"
 
 

@@ -19,7 +19,7 @@ import yaml
 
 from helpers import local_summary as summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DDP = ROOT / "examples" / "pytorch" / "ddp.yaml"
 NOT_KEPT = "; not kept: --keep-dir or --workdir DIR keeps every container's log and outcome.json"
 

@@ -28,7 +28,7 @@ import yaml
 
 from helpers import local_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "mpi"
 LOOP = '''\
 import socket

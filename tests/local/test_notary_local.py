@@ -29,7 +29,7 @@ from trainhook.local.envvars import EnvError, Sources
 from trainhook.local.volumes import container_mounts, prepare_volumes
 from trainhook.webhook.notary_local import LocalConflict, patch_stored_workload, store_workloads, workload_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def gang_pod(name: str, uid: str) -> dict:

@@ -20,7 +20,7 @@ import yaml
 from objects import pod_of_job, review
 from helpers import local_summary as summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "tensorflow"
 MIRRORED, PS = EXAMPLES / "mirrored.yaml", EXAMPLES / "ps.yaml"
 RECENT_KUBERNETES = "1.33.0"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-HACK = Path(__file__).resolve().parent.parent / "hack"
+HACK = Path(__file__).resolve().parents[2] / "hack"
 spec = importlib.util.spec_from_file_location("trainhook_hack_cluster_dns", HACK / "cluster_dns.py")
 dns = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = dns

@@ -24,7 +24,7 @@ from trainhook import cli as trainhook_cli
 from trainhook.launcher import cli as launcher_cli
 from trainhook.local import scale_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PROGRAMS = ("trainhook", "trainhook-launch", "make")
 # Fenced blocks whose lines are commands (all of them, or only `$ ` lines for console); others are data/output.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # `[text](target)`; the target may start on the next line (a wrapped link), and may carry an anchor.
 LINK = re.compile(r"\]\(\s*([^)\s]+)\)")

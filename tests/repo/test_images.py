@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 
 from chart_render import find, render_chart
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]

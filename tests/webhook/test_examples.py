@@ -13,7 +13,7 @@ from trainhook.local.controllers import job_pods, statefulset_pods
 from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml"))
 SETTINGS = Settings(gang_key=b"examples", notary_url="https://trainhook.trainhook.svc:8444", notary_ca="PEM")
 WORKLOADS = ("StatefulSet", "Job", "Pod", "Service")

@@ -10,7 +10,7 @@ import pytest
 from trainhook.webhook.gang import Denied
 from trainhook.webhook.mutate import mutate
 from trainhook.webhook.settings import Settings
-from expected import env, stamped, wired
+from expected import stamped, wired
 from expected import gang_env as any_gang_env
 from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
 

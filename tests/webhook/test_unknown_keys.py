@@ -20,7 +20,7 @@ from trainhook import keys
 from trainhook.cli import main
 from trainhook.render import Gang, RenderError, gang_objects
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DDP = ROOT / "examples" / "pytorch" / "ddp.yaml"
 
 
