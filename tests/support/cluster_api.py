@@ -1,37 +1,27 @@
-"""The real Kubernetes v1.20 control plane (hack/cluster.py) as pytest fixtures.
+"""The real Kubernetes v1.20 control plane (hack/cluster.py), for tests: the helpers around it.
 
-Use from tests/conftest.py with one line:
+The fixtures are tests/cluster/conftest.py's: `control_plane` (session) and `k8s_namespace` (function), for the
+tests of that room, the only ones that need the control plane. Here:
 
-    from conftest_cluster import control_plane, k8s_namespace  # noqa: F401
+`cluster`: hack/cluster.py, loaded once per process (bench/notary.py loads it through here too).
 
-`control_plane` (session): etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, free ports, in a
-pytest temp dir; started once per session (the binaries are built by hack/k8s-build.sh first if missing,
-which takes minutes on a fresh machine) and stopped at the end, also when tests fail. It yields a
-`ControlPlane`: `.host`, `.kubeconfig`, `.ca_file`, `.ca_pem`, `.api_client()`, `.token_client(token)`,
-`.env()`, `.log(component)`. No kubelet: pods stay Pending. Set TRAINHOOK_CLUSTER_SCHEDULER=1 to run
-kube-scheduler too (pods then get PodScheduled=False/Unschedulable instead of no condition).
+`wait_for_service_account_token(api_client, namespace, name)`: the token the controller-manager minted.
 
-`k8s_namespace` (function): a fresh namespace whose `default` ServiceAccount has its token (so pods can be
-created at once), deleted afterwards.
-
-`register_webhook(api_client, ca_pem, url)` registers the trainhook MutatingWebhookConfiguration.
+`register_webhook(api_client, ca_pem, url)` registers the trainhook MutatingWebhookConfiguration;
+`unregister_webhook(api_client)` removes it.
 """
 
 from __future__ import annotations
 
 import base64
 import importlib.util
-import os
 import sys
-import threading
 import time
-import uuid
 from pathlib import Path
 
-import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WEBHOOK_CONFIGURATION_NAME = "trainhook"
+NOTARY_GANG_KEY = b"notary-test-gang-key-0123456789abcdef"  # the key of tests/cluster/conftest.py's `notary`
 
 
 def _load_cluster_module():
@@ -45,43 +35,6 @@ def _load_cluster_module():
 
 
 cluster = _load_cluster_module()
-
-# One control plane per process even when the fixture function is imported into several modules (each
-# import is its own fixture definition to pytest): the first user starts it, the last one stops it.
-_shared: dict = {"cp": None, "users": 0}
-_lock = threading.Lock()
-
-
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory):
-    with _lock:
-        if _shared["cp"] is None:
-            _shared["cp"] = cluster.start(tmp_path_factory.mktemp("control-plane"),
-                                          scheduler=bool(os.environ.get("TRAINHOOK_CLUSTER_SCHEDULER")))
-        _shared["users"] += 1
-        cp = _shared["cp"]
-    try:
-        yield cp
-    finally:
-        with _lock:
-            _shared["users"] -= 1
-            if _shared["users"] == 0:
-                _shared["cp"] = None
-                cp.stop()
-
-
-@pytest.fixture
-def k8s_namespace(control_plane):
-    from kubernetes import client
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    with control_plane.api_client() as api:
-        core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": name}})
-        wait_for_service_account_token(api, name, "default")
-        try:
-            yield name
-        finally:
-            core.delete_namespace(name)
 
 
 def wait_for_service_account_token(api_client, namespace: str, name: str, timeout: float = 30) -> str:
