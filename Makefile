@@ -66,7 +66,7 @@ fuzz: install  ## atheris fuzzing of the review handler, 2,000,000 runs (~4 min)
 
 CHART := charts/trainhook
 helm-lint:  ## helm lint --strict the chart (Helm v4 fetched by hack/get_helm.py)
-	helm=$$($(PYTHON) hack/get_helm.py) && $$helm lint --strict $(CHART) && $$helm lint --strict $(CHART) -f tests/data/chart/values-full.yaml
+	helm=$$($(PYTHON) hack/get_helm.py) && $$helm lint --strict $(CHART) && $$helm lint --strict $(CHART) -f tests/chart/data/values-full.yaml
 
 helm-template:  ## print the chart's manifests with default values
 	@helm=$$($(PYTHON) hack/get_helm.py) && $$helm template trainhook $(CHART) --namespace trainhook

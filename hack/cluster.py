@@ -9,7 +9,7 @@ enough for admission webhooks, controllers, RBAC and API calls. The binaries com
     python hack/cluster.py env [--state-dir DIR]                # print `export KUBECONFIG=...`
     python hack/cluster.py down [--state-dir DIR]               # stop what `up` started
 
-As a module (what tests/conftest_cluster.py does):
+As a module (what tests/support/cluster_api.py does):
 
     cp = start(state_dir)        # ControlPlane: .host, .kubeconfig, .api_client(), .stop()
 """

@@ -24,7 +24,7 @@ What it answers, for zone `<domain>` (short TTL, so tests see changes within sec
   exist (no record at or below it): NXDOMAIN; both with the zone's SOA. Names outside the zone: REFUSED (no
   upstream: pods never leave this machine).
 
-`Records.resolve()` is pure (tests/test_cluster_dns.py); the watch and the dnslib server are the I/O around it.
+`Records.resolve()` is pure (tests/repo/test_cluster_dns.py); the watch and the dnslib server are the I/O around it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ It first checks that pyproject lists every package folder: a folder it does not 
 the images and a strict editable install, though the checkout imports it.
 
     python hack/lint.py            # all three; exit 1 when one finds something
-    python hack/lint.py --tree D   # only lay out the tree in D (tests/test_structure_checks.py)
+    python hack/lint.py --tree D   # only lay out the tree in D (tests/repo/test_structure_checks.py)
 """
 
 from __future__ import annotations

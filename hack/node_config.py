@@ -1,7 +1,7 @@
 """The test node's configuration, as pure functions of its paths and addresses: containerd's config.toml, the
 CNI network, the kubelet's and kube-proxy's configuration files, the pods' resolv.conf, the firewall rules and
 the sysctls. hack/node.py writes them and starts the processes; nothing here touches the machine, so every value
-is testable (tests/test_node_config.py) and the reasons for each sit next to it.
+is testable (tests/repo/test_node_parts.py) and the reasons for each sit next to it.
 
 The values are the ones /work/shared/realnode.md found necessary on these machines (root without
 CAP_SYS_RESOURCE, cgroup v1 hybrid, no systemd, no registry); each is explained where it is set.

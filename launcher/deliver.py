@@ -6,7 +6,7 @@ before anything else; the training container mounts it read-only and its command
 `/trainhook/bin/trainhook-launch run -- CMD`. What lands in DIR:
 
 - `launcher.pyz`: a zip of the in-pod module set (trainhook/__init__.py, trainhook/keys.py, trainhook/launcher/):
-  standard library only and Python 3.8 compatible (tests/test_launcher_boundary.py holds both), so it runs on
+  standard library only and Python 3.8 compatible (tests/launcher/test_launcher_boundary.py holds both), so it runs on
   whatever Python the user's image has, in isolated mode (`-I`: no PYTHON* variable, no user site, no current
   directory on sys.path), and the training it starts gets the container's environment untouched.
 - `bin/trainhook-launch`: the entry point, a static program (launcher/entry/trainhook-launch.c) that finds the
@@ -20,7 +20,7 @@ machine's C compiler and cached; with no compiler at all, the old shell script S
 wherever there is a /bin/sh, which every machine running `trainhook local` has), and `install` says so.
 
 Why build the zip here rather than ship one in the image: it is made from the very modules the launcher image
-runs, so the two can never disagree, and it costs a few milliseconds (tests/test_delivery.py measures it).
+runs, so the two can never disagree, and it costs a few milliseconds (tests/webhook/test_delivery.py measures it).
 Entries carry a fixed timestamp, so the same modules always give the same bytes.
 
 Bytecode beside the sources (issue 26): every training container's launcher imports its modules from the zip,
@@ -29,15 +29,16 @@ once, that was most of a start's CPU (bench/launcher_start.py, docs/develop/perf
 has a `.pyc` beside it, compiled by the Python that builds the zip, where zipimport looks first. It is
 hash-based and unchecked (PEP 552): no timestamp to go stale, and no hashing of the source at each import
 (the zip is read-only and the pair is written together). An image whose Python has another magic number (another
-minor version) finds a foreign header, ignores the .pyc and compiles the .py as before (tests/test_delivery_
-bytecode.py runs both). The code objects name their files as the source would in a pod
+minor version) finds a foreign header, ignores the .pyc and compiles the .py as before
+(tests/launcher/test_delivery_bytecode.py runs both). The code objects name their files as the source would in a pod
 (/trainhook/launcher.pyz/trainhook/launcher/run.py), so a traceback reads the same either way.
 
 Not every module gets one: bytecode is about 2.2 times the size of its deflated source, and the zip and the entry
 program share a ConfigMap's 1 MiB (webhook/launcher_configmap.py), where the entry is 20 KB built with musl but
 680 KB where only glibc can link it statically. So SOURCE_ONLY names the modules no gang's `run` or `torchrun`
 start imports (the MPI family, the API client, the gang wait the init container runs from its own image), which
-compile as before; tests/test_delivery_bytecode.py checks that a member's and rank 0's start import none of them.
+compile as before; tests/launcher/test_delivery_bytecode.py checks that a member's and rank 0's start import
+none of them.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ SOURCE_ONLY = frozenset({"deliver", "kube_api", "kubexec", "mpi_control", "mpi_d
                          "mpi_local", "mpi_spawn", "mpi_worker", "outcome_api", "tf_config", "wait", "wiring"})
 
 ENTRY_SOURCE = Path(__file__).resolve().parent / "entry" / "trainhook-launch.c"
-# The images' build (images/*.Dockerfile) and compile_entry use these; tests/test_images.py holds them together.
+# The images' build (images/*.Dockerfile) and compile_entry use these; tests/repo/test_images.py holds them together.
 ENTRY_FLAGS = ("-static", "-Os", "-s")
 COMPILERS = ("musl-gcc", "cc", "gcc")  # musl first: a 20 KB program instead of glibc's 700 KB
 # Where the images put the program they built: beside the environment trainhook is installed in (/opt/trainhook).
@@ -171,7 +172,7 @@ def in_pod_modules() -> list[tuple[str, Path]]:
 def bytecode(name: str, source: bytes) -> bytes:
     """The unchecked hash-based .pyc (PEP 552) of the zip's entry `name`, for this Python: its magic number,
     flags 1 (hash-based, not checked against the source), the source's hash, then the marshalled code. The same
-    source gives the same bytes (tests/test_delivery_bytecode.py: in a fresh process too, so every webhook
+    source gives the same bytes (tests/launcher/test_delivery_bytecode.py: in a fresh process too, so every webhook
     replica names the same ConfigMap)."""
     code = compile(source, f"{keys.LAUNCHER_DIR}/{ZIP_NAME}/{name}", "exec", dont_inherit=True)
     return (importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little") + importlib.util.source_hash(source)

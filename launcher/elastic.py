@@ -32,7 +32,7 @@ from trainhook.launcher.lifecycle import EXIT_NOT_ASSEMBLED, FAILED, Outcome, Po
 
 class ElasticState(Protocol):
     """What these rules read and change of the coordinator's state (coordinator.GangState): declared here, so
-    this module never imports the coordinator, which imports it (tests/test_launcher_imports.py: no cycle)."""
+    this module never imports the coordinator, which imports it (tests/launcher/test_launcher_imports.py: no cycle)."""
 
     gang: Gang
     policy: Policy

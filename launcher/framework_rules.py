@@ -1,6 +1,6 @@
 """The launcher's table of each framework's shape rules: the launcher runs in the user's image and cannot import
 webhook/frameworks/, where each framework module declares its own (`ELASTIC = True` in pytorch.py).
-tests/test_gang_model.py checks that the two say the same.
+tests/launcher/test_gang_model.py checks that the two say the same.
 """
 
 from __future__ import annotations

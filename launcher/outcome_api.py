@@ -3,7 +3,7 @@ gang to zero: what the launcher did itself before issue 22.
 
 The launcher no longer calls this: the pods hold no Kubernetes permission, and the coordinator records through
 the notary (identity.py; docs/operate/security.md). It stays for the cluster tests that write an outcome as a recorder
-would (tests/launcher_outcomes.py, test_kube_api_cluster.py) until they move to the notary's record; the calls
+would (tests/support/launcher_outcomes.py, test_kube_api_cluster.py) until they move to the notary's record; the calls
 need `get`/`patch` on statefulsets (and `patch` on statefulsets/scale, jobs), which the chart no longer grants
 to training pods."""
 

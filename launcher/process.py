@@ -2,7 +2,7 @@
 
 Why it exists apart from the commands: `run` (run.py), the gang-aware member (gang_run.py, ending.py) and the MPI
 commands all start, signal, wait for and reap processes the same way, and keeping that here lets every command
-import it without importing another command (tests/test_launcher_imports.py keeps launcher/ free of cycles).
+import it without importing another command (tests/launcher/test_launcher_imports.py keeps launcher/ free of cycles).
 
 As a container's PID 1, a Python or shell training script gets no default signal handling (the kernel drops
 SIGTERM to PID 1 unless it installs a handler, so `kubectl delete` waits out the grace period and SIGKILLs), and

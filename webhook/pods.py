@@ -281,7 +281,7 @@ def writable(pod: dict) -> dict:
     review's object, which is thus never changed, and which the diff skips by identity (`jsondiff`). The rules
     that keep this true: the mutation writes keys only into these objects or into copies it makes itself (the
     gang schedulers' labels: `scheduling.writable_metadata`), and never changes a list in place (it builds a
-    new one: env, tolerations, init containers, volumes, mounts). tests/test_pod_mutation_copies.py checks
+    new one: env, tolerations, init containers, volumes, mounts). tests/webhook/test_pod_mutation_copies.py checks
     them for every mutation the webhook makes.
     """
     pod = dict(pod)

@@ -15,7 +15,7 @@
  * it prints one line naming the fix and exits 127, as a shell does for a missing command.
  *
  * Standard C and POSIX only, no stdio: it builds with musl (about 20 KB: the webhook keeps it in a ConfigMap
- * beside the zip, 1 MiB at most) or glibc (`cc -static -Os -s`). tests/test_delivery_entry.py runs it.
+ * beside the zip, 1 MiB at most) or glibc (`cc -static -Os -s`). tests/launcher/test_delivery_entry.py runs it.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #define ZIP_NAME "launcher.pyz"
-/* launcher/deliver.py FIX, word for word (tests/test_delivery_entry.py compares the line this prints). */
+/* launcher/deliver.py FIX, word for word (tests/launcher/test_delivery_entry.py compares the line this prints). */
 #define FIX "use an image with python3 3.8 or newer on PATH, or opt the gang out with the annotation " \
             "trainhook.dev/launcher: none (docs/use/delivery.md says what is lost)"
 #define NO_PYTHON "trainhook-launch: no python3 or python on PATH in this image; " FIX "\n"

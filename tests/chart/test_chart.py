@@ -162,7 +162,7 @@ def test_every_rendered_manifest_is_valid_under_strict_schemas(rendered, version
     assert kinds == {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "MutatingWebhookConfiguration",
                      "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
                      "NetworkPolicy",  # values-full's networkPolicy
-                     "Job"}  # the uninstall check's pre-delete hook (tests/test_chart_uninstall.py); no Secret: no key
+                     "Job"}  # the uninstall check's pre-delete hook (tests/chart/test_chart_uninstall.py); no Secret: no key
 
 
 @pytest.mark.parametrize("name", value_sets("cert-manager"))
@@ -233,7 +233,7 @@ def test_both_webhooks_fail_closed_without_side_effects_and_only_for_opted_in_ob
     assert set(hooks) == {"workloads.trainhook.dev", "services.trainhook.dev", "scale.trainhook.dev"}
     for hook in hooks.values():
         # The scale check fails open: a Scale has no labels to select gangs by, so it sees every StatefulSet's
-        # scale, and an unlabeled StatefulSet must never depend on trainhook being up (tests/test_scale_chart.py).
+        # scale, and an unlabeled StatefulSet must never depend on trainhook being up (tests/chart/test_scale_chart.py).
         assert hook["failurePolicy"] == ("Ignore" if hook["name"] == "scale.trainhook.dev" else "Fail")
         assert hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1"]
@@ -260,7 +260,7 @@ def test_the_rules_cover_what_is_mutated_pods_at_create_the_others_at_create_and
                 for version in rule["apiVersions"] for resource in rule["resources"] for operation in rule["operations"]}
 
     # Pods are mutated at CREATE only: registered for UPDATE, failing closed, a pod's updates (a finalizer's
-    # removal) would be refused while the webhook is down (tests/test_webhook_down_cluster.py).
+    # removal) would be refused while the webhook is down (tests/cluster/test_webhook_down_cluster.py).
     assert covered(hooks["workloads.trainhook.dev"]) == {("", "v1", "pods", "CREATE")} | {
         (group, "v1", resource, operation) for group, resource in [("apps", "statefulsets"), ("batch", "jobs")]
         for operation in ("CREATE", "UPDATE")}
@@ -293,7 +293,7 @@ def test_self_managed_leaves_the_ca_bundle_to_the_webhook(rendered, name):
     assert all("caBundle" not in hook["clientConfig"] for hook in config["webhooks"])
     assert "cert-manager.io/inject-ca-from" not in config["metadata"].get("annotations", {})
     # The webhook reads its Secret (which holds the CA key) through the API: it is never mounted
-    # (tests/test_chart_lifecycle.py checks every mode).
+    # (tests/chart/test_chart_lifecycle.py checks every mode).
     assert not [v for v in find(rendered[name], "Deployment")["spec"]["template"]["spec"]["volumes"] if "secret" in v]
 
 
@@ -515,7 +515,7 @@ def test_no_role_grants_a_wildcard(rendered, name):
             assert "nonResourceURLs" not in rule
             forbidden = {"escalate", "bind", "impersonate", "deletecollection", "delete"}
             if role["metadata"]["name"].endswith("-launcher") and rule["resources"] == ["configmaps"]:
-                forbidden.discard("delete")  # old versions of its own launcher ConfigMaps (tests/test_chart_lifecycle)
+                forbidden.discard("delete")  # old versions of its own launcher ConfigMaps (tests/chart/test_chart_lifecycle)
             assert not forbidden & set(rule["verbs"]), (role["metadata"]["name"], rule)
 
 
@@ -548,7 +548,7 @@ def test_other_modes_give_the_webhook_api_access_for_the_launcher_configmaps_onl
                      and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"]
     fullname = find(manifests, "Deployment")["metadata"]["name"]
     # Besides the launcher ConfigMaps, the gang key's one Secret (templates/gang-key.yaml) and the scale check's
-    # reading of StatefulSets (tests/test_scale_chart.py).
+    # reading of StatefulSets (tests/chart/test_scale_chart.py).
     assert {(m["kind"], m["metadata"]["name"]) for m in webhook_roles} >= {
         ("Role", f"{fullname}-gang-key"), ("RoleBinding", f"{fullname}-gang-key"),
         ("ClusterRole", f"{fullname}-statefulsets"), ("ClusterRoleBinding", f"{fullname}-statefulsets")}
@@ -582,7 +582,7 @@ def test_the_webhook_keeps_the_launcher_configmap_in_the_training_namespaces(ren
     assert env["TRAINHOOK_WEBHOOK_LAUNCHER_OWNER"] == f"{fullname}-launcher"
 
 
-# Training pods get no RBAC from the chart (issue 22): tests/test_chart_notary.py checks that nothing is bound to
+# Training pods get no RBAC from the chart (issue 22): tests/chart/test_chart_notary.py checks that nothing is bound to
 # them and what the notary, which records for them, may do.
 
 
@@ -615,7 +615,7 @@ def test_invalid_values_fail_with_a_message_naming_the_value(values, message):
 
 
 def test_the_gang_key_is_never_rendered_the_webhook_keeps_it_in_a_secret_it_names():
-    """Helm renders no key (a `helm template` render would make a new one): tests/test_chart_lifecycle.py."""
+    """Helm renders no key (a `helm template` render would make a new one): tests/chart/test_chart_lifecycle.py."""
     objects = render_chart({})
     assert find_all(objects, "Secret") == []
     container = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]

@@ -1,7 +1,7 @@
 """The chart across install, GitOps renders, upgrade and uninstall (issue 23, items 4, 5, 9, 10), rendered by the
 real Helm: what a render holds must not depend on when or where it was rendered, nothing may need a namespace other
 than the release's to exist, and no pod may mount a CA key. The API-server side of each is in
-tests/test_gang_key_cluster.py, tests/test_launcher_configmap_cluster.py and tests/test_certs_rebuild_cluster.py."""
+tests/cluster/test_gang_key_cluster.py, tests/cluster/test_launcher_configmap_cluster.py and tests/cluster/test_certs_rebuild_cluster.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The chart's pre-delete check (issue 23 item 10, values uninstallCheck), as the real Helm renders it: a hook Job
 that Helm runs before deleting anything, deletes afterwards whatever its result (nothing of it is left, even after
 a forced `--no-hooks` uninstall), whose lines Helm prints, which runs as the webhook's own ServiceAccount with no
-permission of its own, and whose arguments the module's own parser reads. tests/test_uninstall_check_cluster.py
+permission of its own, and whose arguments the module's own parser reads. tests/cluster/test_uninstall_check_cluster.py
 runs it against a real API server; tests/e2e/test_e2e_install_lifecycle.py runs `helm uninstall` on the node."""
 
 from __future__ import annotations

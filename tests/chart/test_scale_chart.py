@@ -1,5 +1,5 @@
 """The chart's scale check (value scaleCheck): the statefulsets/scale webhook entry, the read-only StatefulSet
-role, and the server setting that turns the watch on, rendered by the real Helm (tests/chart_render.py)."""
+role, and the server setting that turns the watch on, rendered by the real Helm (tests/support/chart_render.py)."""
 
 from __future__ import annotations
 

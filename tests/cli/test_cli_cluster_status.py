@@ -1,6 +1,6 @@
 """How `status`, `list` and `submit --wait` read a gang: pure functions over the objects the API server returns
 (pods in every phase a kubelet reports, which the test control plane, having no kubelet, cannot produce). The
-outcome annotations are the launcher's own (tests/launcher_outcomes.py), never written by hand."""
+outcome annotations are the launcher's own (tests/support/launcher_outcomes.py), never written by hand."""
 
 from __future__ import annotations
 

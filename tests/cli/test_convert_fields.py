@@ -66,7 +66,7 @@ def annotations(converted) -> dict:
 FIELDS = [
     ("PyTorchJob", "runPolicy.activeDeadlineSeconds", 600, None, ("annotation", ACTIVE_DEADLINE_SECONDS, "600")),
     # job()'s replica types are restartPolicy Never: Kubeflow retries nothing, whatever backoffLimit says
-    # (tests/test_convert_lifecycle.py has backoffLimit with retrying types, and the Indexed Jobs' own fields)
+    # (tests/cli/test_convert_lifecycle.py has backoffLimit with retrying types, and the Indexed Jobs' own fields)
     ("PyTorchJob", "runPolicy.backoffLimit", 3, None, ("warned", "spec.runPolicy.backoffLimit=3: no effect")),
     ("PyTorchJob", "runPolicy.backoffLimit", 3, None, ("annotation", ON_FAILURE, "fail-gang")),
     ("PyTorchJob", "runPolicy.backoffLimit", 0, None, ("annotation", ON_FAILURE, "fail-gang")),

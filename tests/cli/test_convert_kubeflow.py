@@ -193,7 +193,7 @@ def test_an_mpijob_becomes_a_launcher_and_workers_with_the_mpi_keys(example):
 
 
 # The launcher's variables Kubeflow's MPI controllers inject (training-operator pkg/controller.v1/mpi and
-# mpi-operator v2 pkg/controller/mpi_job_controller.go; tests/test_mpi_webhook.py compares them one by one):
+# mpi-operator v2 pkg/controller/mpi_job_controller.go; tests/webhook/test_mpi_webhook.py compares them one by one):
 # the hostfile and rsh agent at Kubeflow's paths, FQDN hostnames, the slots, and no GPU for a GPU-less launcher.
 KUBEFLOW_MPI_LAUNCHER = {"OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
                          "OMPI_MCA_plm_rsh_agent": "/etc/mpi/kubexec.sh",

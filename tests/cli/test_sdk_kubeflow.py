@@ -2,7 +2,7 @@
 the way Kubeflow's SDK builds its pod template, or refused naming trainhook's counterpart. The manifests are
 checked as the API server would see them (kubernetes-validate) and, through the webhook's own code (`trainhook
 explain`), as the pods the StatefulSet controller would create. The same call against a real API server and the
-real webhook is in tests/test_sdk_cluster.py."""
+real webhook is in tests/cluster/test_sdk_cluster.py."""
 
 from __future__ import annotations
 

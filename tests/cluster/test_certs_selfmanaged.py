@@ -1,4 +1,4 @@
-"""Self-managed certificates against the real control plane (tests/conftest_cluster.py): the Secret, the caBundle,
+"""Self-managed certificates against the real control plane (tests/support/cluster_api.py): the Secret, the caBundle,
 two replicas, and the webhook process itself, with nothing but the chart's RBAC.
 
 Every test installs the chart's own ServiceAccount, Role, ClusterRole, bindings and MutatingWebhookConfiguration

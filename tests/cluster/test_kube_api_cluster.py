@@ -1,8 +1,8 @@
 """The launcher's standard-library API client (launcher/kube_api.py, launcher/outcome_api.py) against the real
-Kubernetes v1.20 API server (tests/conftest_cluster.py), called as a pod calls it: the ServiceAccount's token and
+Kubernetes v1.20 API server (tests/support/cluster_api.py), called as a pod calls it: the ServiceAccount's token and
 CA in a directory, the server at KUBERNETES_SERVICE_HOST/PORT. With a Role granting what a recorder needs bound
-(the chart grants training pods nothing since issue 22: the notary records for them, tests/test_notary_cluster.py;
-outcome_api stays as the tests' recorder, tests/launcher_outcomes.py) it reads, records (a merge patch of metadata
+(the chart grants training pods nothing since issue 22: the notary records for them, tests/cluster/test_notary_cluster.py;
+outcome_api stays as the tests' recorder, tests/support/launcher_outcomes.py) it reads, records (a merge patch of metadata
 only: the workload's generation does not move, so nothing rolls) and scales a StatefulSet to zero; without it, and
 for a workload that does not exist, the refusal is one line in the API server's words. The admin's JSON kubeconfig
 (client certificate data) works outside a pod."""

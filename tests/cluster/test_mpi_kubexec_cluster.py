@@ -1,4 +1,4 @@
-"""`trainhook-launch kubexec` against the real control plane (Kubernetes v1.20 from tests/conftest_cluster.py), as far
+"""`trainhook-launch kubexec` against the real control plane (Kubernetes v1.20 from tests/support/cluster_api.py), as far
 as it goes without a kubelet: the agent runs as a pod would, with a ServiceAccount token mounted at
 /var/run/secrets/kubernetes.io/serviceaccount (a private mount namespace) and KUBERNETES_SERVICE_HOST/PORT,
 finds the pod, and makes the exec call. `kubexec` is an explicit opt-in now (the default is the gang transport,

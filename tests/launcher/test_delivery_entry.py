@@ -4,7 +4,7 @@ it replaces did (python3 first, then python, the first executable file in PATH o
 DIR/launcher.pyz ARGS` so that the arguments, the exit code and the signals are the Python's own.
 
 It is compiled here with this machine's C compiler, exactly as launcher/deliver.py compiles it where the images'
-prebuilt one is absent (the images build it with musl-gcc and the same flags: tests/test_images.py). A shell-less
+prebuilt one is absent (the images build it with musl-gcc and the same flags: tests/repo/test_images.py). A shell-less
 image is proven on the real node (tests/e2e/test_e2e_shellless.py); here the program runs with a PATH holding
 nothing but what each test puts there.
 """

@@ -3,7 +3,7 @@
 
 The parsing and the coordinator's decisions are pure; what torchrun reports is taken from real torchrun runs
 (torch is installed here); the annotation's refusal goes through the real webhook over HTTPS; and a one-member
-Job gang runs real `trainhook-launch run -- torchrun` processes against the real notary (tests/gang_notary.py).
+Job gang runs real `trainhook-launch run -- torchrun` processes against the real notary (tests/support/gang_notary.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A finished gang can still be inspected (issue 25 item 2): what a member reports when its training ends, what the
 coordinator sends with the outcome, what the notary records (bounded), and how `status` shows a gang whose pods are
 gone. The record's annotations are always made by the notary's own writer (notary_records.record_patch), never by
-hand; the last part runs real launchers against the real notary (tests/gang_notary.py)."""
+hand; the last part runs real launchers against the real notary (tests/support/gang_notary.py)."""
 
 from __future__ import annotations
 

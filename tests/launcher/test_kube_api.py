@@ -1,6 +1,6 @@
 """The launcher's standard-library Kubernetes client (launcher/kube_api.py): websocket framing against RFC 6455's
 own numbers, credentials from a pod's ServiceAccount and from a kubeconfig, and `trainhook-launch kubexec` over
-a real TLS websocket served by aiohttp (tests/exec_double.py), both channel protocols, IPv4 and IPv6. The API
+a real TLS websocket served by aiohttp (tests/support/exec_double.py), both channel protocols, IPv4 and IPv6. The API
 calls against the real API server are in test_kube_api_cluster.py and test_mpi_kubexec_cluster.py."""
 
 from __future__ import annotations

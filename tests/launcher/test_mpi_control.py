@@ -4,7 +4,7 @@ own client code (mpi_control.connect, mpi_launch.run_mpi) on the other end, over
 What it guarantees: a worker exits with the launcher's outcome, or 129 when its launcher hangs up or never comes
 (no worker outlives its launcher); only a holder of the gang's key can attach or end it; a launcher stops
 mpirun at once when a worker goes away. The worker gets the key as a pod does, from a notary over HTTPS with its
-identity token (the real webhook's notary over a real MPI gang: tests/gang_notary.py); nothing in its
+identity token (the real webhook's notary over a real MPI gang: tests/support/gang_notary.py); nothing in its
 environment is the key."""
 
 from __future__ import annotations

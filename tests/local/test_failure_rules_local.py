@@ -5,7 +5,7 @@
   torchrun started in pod 1 is SIGKILLed mid-training (an OOM kill's signal). torchrun reports that as its own
   exit 1, and rank 0's worker, its peer gone, fails with gloo's "Connection reset by peer"; the launchers read
   torchrun's report (137) and the lost peer, the gang restarts once and trains to the end.
-- tests/data/gang/train.py on three pods with `trainhook.dev/failure-rules: fail-gang: 3; restart-gang: 1-127`:
+- tests/local/data/train.py on three pods with `trainhook.dev/failure-rules: fail-gang: 3; restart-gang: 1-127`:
   rank 2 exits 3 and the gang fails at once, with no restart, the outcome naming the rule.
 """
 

@@ -1,7 +1,7 @@
 """XGBoost, JAX, PaddlePaddle (and MXNet's variables): the injected environment and real trainings.
 
 Three groups of tests:
-- whole-object mutation cases, table-driven like tests/test_mutation_pytorch.py;
+- whole-object mutation cases, table-driven like tests/webhook/test_mutation_pytorch.py;
 - the environment against Kubeflow's for the same shape, variable by variable, with Kubeflow's values as golden
   data transcribed from kubeflow/training-operator (v1.8/1.9; each table cites its source) and every
   difference listed, with its reason, in KUBEFLOW_DIFFERENCES and RENDEZVOUS_HOST_DIFFERENCES;

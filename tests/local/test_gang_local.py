@@ -1,7 +1,7 @@
 """The gang lifecycle with real processes: `trainhook local` runs gangs whose training runs under
 `trainhook-launch run`, restarting containers per restartPolicy as the kubelet does (root, network namespaces).
 
-The training is tests/data/gang/train.py (plain Python: a rendezvous at MASTER_ADDR:MASTER_PORT, then a sleep),
+The training is tests/local/data/train.py (plain Python: a rendezvous at MASTER_ADDR:MASTER_PORT, then a sleep),
 which prints `TRAIN START` / `TRAIN END` / `STOPPED` / `FAIL` lines with its rank, attempt and time, so the tests
 count exactly how often each member ran. The policy variables the webhook will inject from the annotations
 (TRAINHOOK_ON_FAILURE, TRAINHOOK_MAX_RESTARTS, TRAINHOOK_ACTIVE_DEADLINE_SECONDS) are set on the container here.

@@ -148,7 +148,7 @@ def test_the_gang_key_never_reaches_the_training_process_or_any_file(tmp_path):
     assert not leaks and key_hex not in output, leaks
 
 
-# --- the local authority's answers, through the real notary over HTTPS (tests/gang_notary.py) -------------------
+# --- the local authority's answers, through the real notary over HTTPS (tests/support/gang_notary.py) -------------------
 ROOT_KEY = "local-notary-test-root-key-0123456789"
 
 

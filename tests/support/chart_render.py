@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trainhook"
 GET_HELM = REPO / "hack" / "get_helm.py"
 RELEASE = "trainhook"

@@ -1,6 +1,6 @@
 """A stand-in for the API server's pod and exec endpoints, for the launcher's standard-library client (launcher/
 kube_api.py) where the real API server cannot answer: the test control plane has no kubelet, so its exec API
-only ever refuses (tests/test_mpi_kubexec_cluster.py covers that). The websocket side is aiohttp's, an
+only ever refuses (tests/cluster/test_mpi_kubexec_cluster.py covers that). The websocket side is aiohttp's, an
 implementation independent of ours, over real TLS; the exec semantics are the API server's as documented in
 k8s.io/apimachinery/pkg/util/httpstream/wsstream (channel byte first; v4 sends the exit Status on channel 3 and
 cannot close stdin; v5 closes it with the message [255, 0]).

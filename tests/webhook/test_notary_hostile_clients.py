@@ -2,7 +2,7 @@
 as issue 23 item 1 guards the admission port).
 
 Every pod of the cluster may reach the notary (the chart's NetworkPolicy opens its port to all), so any of them
-can open connections and say nothing. The real webhook process (tests/gang_notary.py: admission and the notary,
+can open connections and say nothing. The real webhook process (tests/support/gang_notary.py: admission and the notary,
 the local authority) gets 600 such connections of three kinds (TCP only, half a TLS ClientHello, a finished
 handshake and half a request head) while a real member keeps asking for its gang's key: every hostile connection
 is closed by the server within the head deadline, the server holds no more sockets afterwards, and every

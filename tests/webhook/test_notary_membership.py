@@ -1,6 +1,6 @@
 """The notary's pure decisions: who a TokenReview names, who is a member, who coordinates, what a record writes.
 
-Pods are built as the controllers make them (tests/objects.py) from templates as the webhook leaves them stamped;
+Pods are built as the controllers make them (tests/support/objects.py) from templates as the webhook leaves them stamped;
 the cluster half (real tokens, a real API server) is test_notary_cluster.py.
 """
 

@@ -95,7 +95,7 @@ def test_a_fixed_gangs_extra_index_is_still_refused_as_before():
 # --- reviews ---------------------------------------------------------------------------------------------------
 
 class Cache:
-    """A stand-in for the StatefulSet cache's read side (the real cache and watch: tests/test_scale_cluster.py)."""
+    """A stand-in for the StatefulSet cache's read side (the real cache and watch: tests/cluster/test_scale_cluster.py)."""
 
     def __init__(self, synced: bool, *objects: dict):
         self.synced = synced
@@ -184,7 +184,7 @@ def test_a_labeled_jobs_parallelism_change_is_refused_and_other_updates_pass():
     assert review(job_update(job, 3), SETTINGS).answer["response"]["allowed"] is True
 
 
-# --- the cache the scale reviews read (its list+watch against a real API server: tests/test_scale_cluster.py) ---
+# --- the cache the scale reviews read (its list+watch against a real API server: tests/cluster/test_scale_cluster.py) ---
 
 def test_the_cache_keeps_only_gangs_cut_down_to_what_check_scale_reads():
     from trainhook.webhook.scale import check_scale

@@ -160,7 +160,7 @@ class WebhookServer:
     """The real webhook, served on 127.0.0.1 for the length of a `with` block. Its output goes to webhook.log.
     With `notary_dir`, it serves the notary too (local authority over that run directory) on `notary_port`, and
     names it `notary_url` in the gang pods it admits (`{port}` in it: the notary's own 127.0.0.1 port, for
-    processes that dial it directly: tests/gang_notary.py)."""
+    processes that dial it directly: tests/support/gang_notary.py)."""
 
     def __init__(self, work_dir: Path, env: dict[str, str] | None = None, startup_timeout: float = 30.0,
                  notary_dir: Path | None = None, notary_url: str = NOTARY_URL):
