@@ -43,8 +43,9 @@ from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher import elastic
 from trainhook.launcher.gang import Gang
 from trainhook.launcher.gang_report import DONE, EXITED, IDLE, RUNNING, STOPPED, Record, Report
-from trainhook.launcher.lifecycle import (ACTIVE_DEADLINE_SECONDS, EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED,
-                                          FAILED, RESTART_GANG, SUCCEEDED, Outcome, Policy, now_rfc3339)
+from trainhook.launcher.outcome import (EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED, FAILED, SUCCEEDED, Outcome,
+                                        now_rfc3339)
+from trainhook.launcher.policy import ACTIVE_DEADLINE_SECONDS, RESTART_GANG, Policy
 from trainhook.launcher.failure_rules import LOST_PEER, describe_code
 from trainhook.launcher.pending import PendingConnections
 from trainhook.launcher.reach import describe, listen

@@ -26,7 +26,8 @@ from typing import List, Optional, Protocol, Tuple
 
 from trainhook.launcher.gang import Gang
 from trainhook.launcher.gang_report import IDLE, RUNNING, Record, Report
-from trainhook.launcher.lifecycle import EXIT_NOT_ASSEMBLED, FAILED, Outcome, Policy, now_rfc3339
+from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED, FAILED, Outcome, now_rfc3339
+from trainhook.launcher.policy import Policy
 
 
 

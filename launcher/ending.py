@@ -23,7 +23,8 @@ from typing import Callable
 from trainhook import keys
 from trainhook.launcher import identity
 from trainhook.launcher.gang import Gang
-from trainhook.launcher.lifecycle import FAILED, SUCCEEDED, Outcome, Settings, now_rfc3339
+from trainhook.launcher.outcome import FAILED, SUCCEEDED, Outcome, now_rfc3339
+from trainhook.launcher.policy import LaunchSettings
 from trainhook.launcher.process import reap_exited
 
 COORDINATOR_RANK = 0  # the notary's anchor: rank 0's pod (for MPI, the launcher, which the webhook ranks first)
@@ -34,7 +35,7 @@ def say(message: str) -> None:
     print(f"trainhook-launch: {message}", file=sys.stderr, flush=True)
 
 
-def record_outcome(gang: Gang, settings: Settings, outcome: Outcome, log=say,
+def record_outcome(gang: Gang, settings: LaunchSettings, outcome: Outcome, log=say,
                    notary: identity.Notary | None = None, details: dict | None = None) -> str:
     """The coordinator records the outcome through the notary (which also stops a StatefulSet and emits the
     Event); the other members leave it to it. Returns what happened, in words, for the exit or parking message.
@@ -75,7 +76,7 @@ def write_atomically(path: Path, data: dict) -> None:
     os.replace(temporary, path)
 
 
-def write_local_status(settings: Settings, data: dict, log=say) -> None:
+def write_local_status(settings: LaunchSettings, data: dict, log=say) -> None:
     """The launcher's state for `trainhook local` (TRAINHOOK_LOCAL_STATUS); nothing in a cluster."""
     if not settings.local_status:
         return
@@ -116,7 +117,7 @@ def park_until_stopped(reap: bool) -> int:
     return received[0]
 
 
-def exit_or_park(settings: Settings, code: int, recorded: str, status: Callable[[str], None],
+def exit_or_park(settings: LaunchSettings, code: int, recorded: str, status: Callable[[str], None],
                  wait_for_stop: Callable[[], int], log=say) -> int:
     """The one decision of how a member ends, once the gang is done and the outcome is recorded (`recorded`, in
     words): exit with `code` where the container is not rerun, else park until the pod is stopped
@@ -137,7 +138,7 @@ def exit_or_park(settings: Settings, code: int, recorded: str, status: Callable[
     return code
 
 
-def end_member(gang: Gang, settings: Settings, outcome: Outcome, code: int, log=say,
+def end_member(gang: Gang, settings: LaunchSettings, outcome: Outcome, code: int, log=say,
                training_code: int | None = None) -> int:
     """Record (the coordinator only), then exit with `code`, or park where the container would be rerun."""
     recorded = record_outcome(gang, settings, outcome, log)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainhook.launcher.lifecycle import Outcome
+from trainhook.launcher.outcome import Outcome
 
 # A member's status, as it reports it (and as the coordinator records it).
 IDLE, RUNNING, EXITED, STOPPED, DONE = "idle", "running", "exited", "stopped", "done"

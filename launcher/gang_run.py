@@ -48,8 +48,8 @@ from trainhook.launcher import ending, failure_cause, identity
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
 from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
-from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, Outcome, Settings, attempt_env, now_rfc3339,
-                                          read_settings)
+from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED, Outcome, now_rfc3339
+from trainhook.launcher.policy import LaunchSettings, attempt_env, read_settings
 from trainhook.launcher.reach import Backoff, PeerAddress, connect, retry_floor, search_domain
 from trainhook.launcher.process import EXIT_NOT_FOUND, FORWARDED, Training, reap_exited, run_command
 
@@ -82,7 +82,7 @@ class Link(threading.Thread):
     tell it about the connection. `update` sends the member's report (and keeps it for the next join), so the
     coordinator always ends up with the latest account, whatever was lost on the way."""
 
-    def __init__(self, gang: Gang, settings: Settings, events: queue.SimpleQueue, report: Report):
+    def __init__(self, gang: Gang, settings: LaunchSettings, events: queue.SimpleQueue, report: Report):
         super().__init__(daemon=True, name="gang-link")
         self.gang, self.settings, self.events = gang, settings, events
         self.address = "127.0.0.1" if gang.rank == 0 else gang.peers[0].address
@@ -207,7 +207,7 @@ def describe_error(error: BaseException) -> str:
 class Member:
     """One member's launcher: the event loop around its training."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: Gang, settings: Settings,
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: Gang, settings: LaunchSettings,
                  notary: identity.Notary | None = None):
         self.argv, self.env, self.gang, self.settings = list(argv), dict(env), gang, settings
         self.notary = notary

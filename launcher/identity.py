@@ -29,8 +29,10 @@ import urllib.parse
 from typing import Callable, Mapping
 
 from trainhook import keys
-from trainhook.launcher.lifecycle import IDENTITY_TOKEN_FILE as TOKEN_FILE
-from trainhook.launcher.lifecycle import TH_IDENTITY_TOKEN, Outcome, Settings
+from trainhook.launcher.policy import IDENTITY_TOKEN_FILE as TOKEN_FILE
+from trainhook.launcher.outcome import Outcome
+from trainhook.launcher.policy import LaunchSettings
+from trainhook.keys import TH_IDENTITY_TOKEN
 
 CALL_TIMEOUT = 10.0  # one HTTPS call (connect, TLS, answer); the notary itself waits on the API server
 FIRST_DELAY, MAX_DELAY = 0.2, 2.0  # jittered retry delays while the notary cannot answer yet
@@ -195,8 +197,8 @@ def from_env(env: Mapping[str, str]) -> Notary | None:
     return Notary(url, env.get(keys.TH_NOTARY_CA, ""), env.get(TH_IDENTITY_TOKEN, "").strip() or TOKEN_FILE)
 
 
-def from_settings(settings: Settings) -> Notary | None:
-    """from_env, for what lifecycle.read_settings kept of the same variables."""
+def from_settings(settings: LaunchSettings) -> Notary | None:
+    """from_env, for what policy.read_settings kept of the same variables."""
     if not settings.notary_url:
         return None
     return Notary(settings.notary_url, settings.notary_ca, settings.identity_token)

@@ -44,7 +44,8 @@ from trainhook import keys
 from trainhook.keys import TH_MPI_TRANSPORT  # defined in keys.py; read from here by mpi_launch too
 from trainhook.launcher import deliver, kube_api, mpi_exec, mpi_local
 from trainhook.launcher.gang import ConfigError
-from trainhook.launcher.lifecycle import SERVICE_ACCOUNT_DIR, TH_SERVICE_ACCOUNT_DIR
+from trainhook.launcher.policy import SERVICE_ACCOUNT_DIR
+from trainhook.keys import TH_SERVICE_ACCOUNT_DIR
 from trainhook.launcher.wiring import AGENT_PATH
 
 TRANSPORTS = ("gang", "kubexec", "ssh", "local")  # mpi_control.TRANSPORTS

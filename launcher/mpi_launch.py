@@ -46,7 +46,7 @@ from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_exec, mpi_worker
 from trainhook.launcher import wiring as mpi
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
-from trainhook.launcher.lifecycle import read_settings
+from trainhook.launcher.policy import read_settings
 from trainhook.launcher.process import SignalForwarder, exit_code, returncode, wait_for
 from trainhook.launcher.wait import describe, why
 from trainhook.launcher.wiring import Shape

@@ -10,7 +10,7 @@ to training pods."""
 from __future__ import annotations
 
 from trainhook.launcher import kube_api
-from trainhook.launcher.lifecycle import Outcome
+from trainhook.launcher.outcome import Outcome
 
 KINDS = ("StatefulSet", "Job")
 PATHS = {"StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}",

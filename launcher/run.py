@@ -19,15 +19,13 @@ from typing import Mapping, Sequence
 from trainhook import keys
 from trainhook.launcher.process import run_command
 
-TH_ATTEMPT = "TRAINHOOK_ATTEMPT"  # set by the gang-aware launcher on its training (lifecycle.TH_ATTEMPT)
-
 
 def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """The `run` command: gang-aware inside a gang, `run_command` otherwise. Inside a gang-aware launcher's
     training (TRAINHOOK_ATTEMPT set), a nested `run` (`run -- trainhook-launch torchrun ...`) runs its command
     alone: the outer launcher already speaks for this member."""
     env = os.environ if env is None else env
-    if not env.get(keys.TH_JOB_NAME, "").strip() or env.get(TH_ATTEMPT, "").strip():
+    if not env.get(keys.TH_JOB_NAME, "").strip() or env.get(keys.TH_ATTEMPT, "").strip():
         return run_command(argv, None if env is os.environ else env)
     from trainhook.launcher import gang_run  # the gang's machinery is only imported where it is used
     return gang_run.run_gang(argv, env)

@@ -206,8 +206,27 @@ COORDINATOR_PORT = 29497
 # The gang's token: HMAC-SHA256 of `<namespace>/<job-name>` under a key only the webhook holds. The launchers
 # authenticate their coordination messages with it, so nothing outside the gang can end or restart it.
 TH_GANG_TOKEN = "TRAINHOOK_GANG_TOKEN"
+# Variables a user may set on the launcher's container (not injected; launcher/policy.py reads them):
+TH_STATE_DIR = "TRAINHOOK_STATE_DIR"  # a directory that outlives the container (an emptyDir): the outcome marker
+TH_FINISH_GRACE = "TRAINHOOK_FINISH_GRACE"  # seconds members still running get after rank 0 succeeded
+TH_STOP_GRACE = "TRAINHOOK_STOP_GRACE"  # seconds between SIGTERM and SIGKILL when a member's training is stopped
+TH_SERVICE_ACCOUNT_DIR = "TRAINHOOK_SERVICE_ACCOUNT_DIR"  # the pod's API token, for the MPI kubexec transport only
+# Where the pod's identity token for the notary is (default: IDENTITY_DIR/token, the file of the projected volume
+# the webhook injects), for tests and images that mount it elsewhere.
+TH_IDENTITY_TOKEN = "TRAINHOOK_IDENTITY_TOKEN"
+# Set by `trainhook local` on the training container: the file the launcher keeps its state in, for the runner.
+TH_LOCAL_STATUS = "TRAINHOOK_LOCAL_STATUS"
+# Seconds the coordinator waits, when a member's failure is fatal only by the default rule (exit 1-127), for a
+# failure that shows what caused it: a member whose peer was killed often exits 1 before the killed one's exit
+# (137) arrives, and the killed one's is the gang's real failure (launcher/coordinator.py GangState._failure).
+TH_FAILURE_SETTLE = "TRAINHOOK_FAILURE_SETTLE"
+# Given by the gang-aware launcher to its training command, per attempt (launcher/policy.py attempt_env): the
+# gang's attempt this process belongs to (1, 2, ...; a nested `run` sees it and runs its command alone) and the
+# gang restarts so far (attempt - 1).
+TH_ATTEMPT = "TRAINHOOK_ATTEMPT"
+TH_RESTARTS = "TRAINHOOK_RESTARTS"
 
-# --- The notary (issue 22, docs/operate/security.md) -------------------------------------------------------------------
+# --- The notary (issue 22, docs/operate/security.md) ------------------------------------------------------------------
 # The pod's identity: a projected serviceAccountToken (audience IDENTITY_AUDIENCE) the webhook mounts read-only at
 # IDENTITY_DIR (file `token`) from the volume IDENTITY_VOLUME. The launcher presents it to the notary, which
 # checks it with a TokenReview (under `trainhook local`, the runner writes a random per-pod token there instead).

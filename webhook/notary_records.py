@@ -47,7 +47,7 @@ def _integer(body: dict, name: str, default: int | None = None, low: int = 0) ->
 
 
 def parse_outcome(body: object) -> dict:
-    """The outcome of a `POST /v1/outcome` body `{"outcome": OUTCOME}` (launcher.lifecycle.Outcome.to_dict(),
+    """The outcome of a `POST /v1/outcome` body `{"outcome": OUTCOME}` (launcher.outcome.Outcome.to_dict(),
     plus `pod` when known), normalized; BadBody otherwise."""
     if not isinstance(body, dict) or not isinstance(body.get("outcome"), dict):
         raise BadBody('the body must be {"outcome": {"phase": ..., "code": ..., "reason": ..., "rank": ..., '

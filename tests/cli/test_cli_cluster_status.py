@@ -10,7 +10,7 @@ from launcher_outcomes import decided
 from trainhook import keys
 from trainhook.cluster.status import changes, container_started, format_list, format_status, gang_state, pod_state, \
     progress
-from trainhook.launcher.lifecycle import PHASE, Outcome
+from trainhook.launcher.outcome import PHASE, Outcome
 
 SUCCEEDED = decided("g", size=2)  # rank 0 exited 0
 FAILED = decided("g", size=2, rank=1, code=3)

@@ -25,7 +25,7 @@ from kubernetes import client
 
 from helpers import wait_for
 from test_notary_cluster import create_gang, imposter_pod, pod_token
-from trainhook.launcher.lifecycle import EXIT_CODE, PHASE, PHASE_REASON, PHASE_TIME
+from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, PHASE_TIME
 
 pytestmark = pytest.mark.cluster
 NAME = "solo"

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from cluster_api import wait_for_service_account_token
 from trainhook.launcher import kube_api, outcome_api
-from trainhook.launcher.lifecycle import FAILED, Outcome
+from trainhook.launcher.outcome import FAILED, Outcome
 
 pytestmark = pytest.mark.cluster
 OUTCOME = Outcome(FAILED, 3, "rank 2 (worker-2 at train-2.train) exited with 3", 2, "2025-06-01T12:00:00Z")

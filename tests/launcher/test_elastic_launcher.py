@@ -17,8 +17,8 @@ from trainhook import keys
 from trainhook.launcher.coordinator import EXITED, RUNNING, STOPPED, Coordinator, GangState, Report
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
 from trainhook.launcher.gang_run import Link
-from trainhook.launcher.lifecycle import (EXIT_NOT_ASSEMBLED, RESTART_GANG, TORCH_DISABLE_SHARED_STORE, Policy,
-                                          attempt_env, read_settings)
+from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED
+from trainhook.launcher.policy import RESTART_GANG, TORCH_DISABLE_SHARED_STORE, Policy, attempt_env, read_settings
 from trainhook.launcher.wait import elastic_wait_view
 
 GANG_KEY = b"e" * 64

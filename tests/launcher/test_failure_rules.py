@@ -22,7 +22,7 @@ from trainhook.launcher import failure_cause
 from trainhook.launcher.coordinator import EXITED, STOPPED, GangState, Report
 from trainhook.launcher.failure_rules import DEFAULT_TEXT, FailureRules, RulesError, parse
 from trainhook.launcher.gang import ConfigError, Gang, Peer
-from trainhook.launcher.lifecycle import RESTART_GANG, Policy, read_settings
+from trainhook.launcher.policy import RESTART_GANG, Policy, read_settings
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 # A worker that fails one way on attempt 1 (TRAINHOOK_ATTEMPT, which torchrun passes on) in local rank 1, then works.

@@ -218,10 +218,6 @@ def test_no_framework_is_compared_by_name_outside_the_frameworks_own_modules():
     assert found == []
 
 
-# Modules another change (issue 24 item 3) is moving; each still defines these names itself.
-PENDING = {"launcher/lifecycle.py", "launcher/run.py"}
-
-
 def test_every_trainhook_variable_name_is_defined_in_keys_only():
     defined = {}
     for path in product_files():
@@ -231,7 +227,7 @@ def test_every_trainhook_variable_name_is_defined_in_keys_only():
                     and str(node.value.value).startswith("TRAINHOOK_") \
                     and any(isinstance(t, ast.Name) and t.id.startswith("TH_") for t in node.targets):
                 defined.setdefault(relative, []).append(node.targets[0].id)
-    outside = {path: names for path, names in defined.items() if path != "trainhook/keys.py" and path not in PENDING}
+    outside = {path: names for path, names in defined.items() if path != "trainhook/keys.py"}
     assert outside == {}
     assert len(defined["trainhook/keys.py"]) == len(set(defined["trainhook/keys.py"])) >= 30
 

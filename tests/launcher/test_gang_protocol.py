@@ -18,8 +18,8 @@ from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, GangState, Report
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
 from trainhook.launcher.gang_run import Link
-from trainhook.launcher.lifecycle import (EXIT_CODE, FAIL_GANG, PHASE, PHASE_REASON, RESTART_GANG, SUCCEEDED,
-                                          Outcome, Policy, attempt_env, read_settings)
+from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, SUCCEEDED, Outcome
+from trainhook.launcher.policy import FAIL_GANG, RESTART_GANG, Policy, attempt_env, read_settings
 
 TOKEN = b"a" * 64
 

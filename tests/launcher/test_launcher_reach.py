@@ -18,7 +18,7 @@ from trainhook.launcher import reach
 from trainhook.launcher.coordinator import Coordinator, Report
 from trainhook.launcher.gang import parse_gang
 from trainhook.launcher.gang_run import Link
-from trainhook.launcher.lifecycle import Policy, read_settings
+from trainhook.launcher.policy import Policy, read_settings
 
 
 class CountingLookup:

@@ -21,7 +21,8 @@ from trainhook import keys
 from trainhook.launcher import kube_api, outcome_api
 from trainhook.launcher.coordinator import EXITED, GangState, Report
 from trainhook.launcher.gang import parse_gang
-from trainhook.launcher.lifecycle import Outcome, Policy
+from trainhook.launcher.outcome import Outcome
+from trainhook.launcher.policy import Policy
 
 
 def rank0_env(job: str, namespace: str, size: int) -> dict[str, str]:

@@ -32,7 +32,7 @@ import time
 import uuid
 from pathlib import Path
 
-from trainhook.launcher.lifecycle import TH_LOCAL_STATUS
+from trainhook.keys import TH_LOCAL_STATUS
 from trainhook.local.containers import TH_LOCAL_CONTAINER, _kill_session, exit_code, exited, restarts  # noqa: F401
 from trainhook.local.pods import ContainerSpec, LocalPod
 from trainhook.local.results import ContainerResult, Output, PodResult, RunResult  # noqa: F401 - re-exported

@@ -28,7 +28,7 @@ import time
 
 from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher import identity
-from trainhook.launcher.lifecycle import Outcome, now_rfc3339
+from trainhook.launcher.outcome import Outcome, now_rfc3339
 
 TARGET, PORT = os.environ["FORGE_TARGET"], int(os.environ.get("FORGE_PORT", "29497"))
 NAMESPACE, JOB = os.environ["FORGE_NAMESPACE"], os.environ["FORGE_JOB"]

@@ -1,0 +1,77 @@
+"""How a gang ended, as data: the Outcome record, its phases and the gang's own exit codes (contract section 7).
+
+Why a module of its own: the outcome is what every part of the launcher passes around (the coordinator decides
+it, members end by it, the notary records it, gang_report carries it, `trainhook status` reads it back from a
+workload's annotations), while the policy and settings that lead to it (policy.py) concern one launcher only.
+Everything here is pure and standard library only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+from trainhook import keys
+
+PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE = keys.PHASE, keys.PHASE_TIME, keys.PHASE_REASON, keys.EXIT_CODE
+SUCCEEDED, FAILED = "Succeeded", "Failed"
+
+# Exit codes of the gang itself (a member's own codes pass through).
+EXIT_LOST = 129  # a member's launcher went away mid-run (pod deleted, evicted, node lost): retryable
+EXIT_DEADLINE = 124  # active-deadline-seconds passed: permanent, as timeout(1) reports it
+EXIT_NOT_ASSEMBLED = 1  # members did not join (or come back) in time
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the gang ended. `rank` is the member that decided it (rank 0 for success, the failing member else)."""
+
+    phase: str  # SUCCEEDED or FAILED
+    code: int
+    reason: str
+    rank: int
+    time: str  # RFC 3339 UTC
+    attempt: int = 0
+    restarts: int = 0
+
+    @property
+    def succeeded(self) -> bool:
+        return self.phase == SUCCEEDED
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Outcome:
+        """Rebuild an outcome received from a peer or read from a marker; ValueError when it is not one."""
+        try:
+            phase, code = str(data["phase"]), int(data["code"])
+            if phase not in (SUCCEEDED, FAILED):
+                raise ValueError(f"phase {phase!r}")
+            return cls(phase, code, str(data.get("reason", "")), int(data.get("rank", 0)),
+                       str(data.get("time", "")), int(data.get("attempt", 0)), int(data.get("restarts", 0)))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not an outcome: {e}") from e
+
+    def annotations(self) -> dict[str, str]:
+        """What the launcher records on the workload."""
+        return {PHASE: self.phase, PHASE_TIME: self.time, PHASE_REASON: self.reason, EXIT_CODE: str(self.code)}
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> Outcome | None:
+        """The outcome recorded on a workload, or None when it carries none (or one we cannot read)."""
+        phase = annotations.get(PHASE, "")
+        if phase not in (SUCCEEDED, FAILED):
+            return None
+        code_text = annotations.get(EXIT_CODE, "")
+        code = int(code_text) if code_text.isdigit() else (0 if phase == SUCCEEDED else 1)
+        return cls(phase, code, annotations.get(PHASE_REASON, ""), 0, annotations.get(PHASE_TIME, ""))
+
+    def summary(self) -> str:
+        restarts = f" after {self.restarts} gang restart{'s' if self.restarts != 1 else ''}" if self.restarts else ""
+        return f"gang {self.phase.lower()}{restarts}: {self.reason} (exit {self.code})"
+
+
+def now_rfc3339(now: dt.datetime | None = None) -> str:
+    return (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
