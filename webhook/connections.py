@@ -198,13 +198,13 @@ class ConnectionGuard:
         conn = Connection(accepted=loop.time(), sock=sock)
         self.open[conn] = None
         conn.timer = loop.call_at(conn.accepted + self.head_deadline, self._check_head, conn)
-        conn.handshake = loop.create_task(self._handshake(loop, conn))
+        conn.handshake = loop.create_task(self._handshake(loop, conn, sock))
 
-    async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: Connection) -> None:
+    async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: Connection, sock: socket.socket) -> None:
         assert self.protocol_factory is not None
         factory = self.protocol_factory
         try:
-            await loop.connect_accepted_socket(lambda: Tracked(self, conn, factory()), conn.sock,
+            await loop.connect_accepted_socket(lambda: Tracked(self, conn, factory()), sock,
                                                ssl=self.context, ssl_handshake_timeout=self.head_deadline,
                                                ssl_shutdown_timeout=2.0)
         except asyncio.CancelledError:
@@ -263,9 +263,6 @@ class BodyBudget:
 
 GUARD = web.AppKey("connection_guard", ConnectionGuard)
 BUDGET = web.AppKey("body_budget", BodyBudget)
-# What aiohttp's per-connection protocol is made with (AppRunner(**RUNNER_ARGS)).
-RUNNER_ARGS = {"keepalive_timeout": HEAD_DEADLINE, "max_headers": MAX_HEADERS, "max_field_size": MAX_FIELD_SIZE,
-               "max_line_size": MAX_FIELD_SIZE}
 
 
 def guard_app(app: web.Application) -> None:
@@ -273,6 +270,13 @@ def guard_app(app: web.Application) -> None:
     app[GUARD] = ConnectionGuard()
     app[BUDGET] = BodyBudget()
     app.middlewares.append(app[GUARD].middleware())
+
+
+def app_runner(app: web.Application) -> web.AppRunner:
+    """The runner of a guarded `app`: aiohttp's per-connection protocol made with our head bounds and keep-alive
+    (no access log, no signal handlers of its own); set it up, then serve_app."""
+    return web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=HEAD_DEADLINE,
+                         max_headers=MAX_HEADERS, max_field_size=MAX_FIELD_SIZE, max_line_size=MAX_FIELD_SIZE)
 
 
 def listen(host: str, port: int, backlog: int = 128) -> socket.socket:

@@ -228,12 +228,12 @@ class Notary:
         outcome that is recorded. A retry of the same record finishes what an error interrupted."""
         gang = verified.gang
         if gang.bare:
-            recorded = self.bare_outcomes.setdefault(gang.gang_id, outcome)
+            kept = self.bare_outcomes.setdefault(gang.gang_id, outcome)
             while len(self.bare_outcomes) > 10_000:
                 self.bare_outcomes.popitem(last=False)
-            if recorded is outcome:
+            if kept is outcome:
                 await self._emit(gang, [gang.anchor_workload], *outcome_message(outcome), key=outcome["time"])
-            return recorded
+            return kept
         workload = verified.anchor_workload
         outcome = await self._with_pods(gang, outcome)
         for _ in range(MAX_CONFLICTS):
@@ -258,7 +258,7 @@ class Notary:
             if recorded_outcome(obj) is None:
                 await self.authority.patch_workload(gang.namespace, ref.kind, ref.name, record_patch(outcome))
         for ref, obj in workloads:
-            if ref.kind == "StatefulSet" and ((obj or {}).get("spec") or {}).get("replicas") != 0:
+            if ref.kind == "StatefulSet" and (obj.get("spec") or {}).get("replicas") != 0:
                 await self.authority.scale_to_zero(gang.namespace, ref.name)
         await self._emit(gang, [ref for ref, _ in workloads], *outcome_message(outcome), key=outcome["time"])
         log.info("gang outcome recorded", extra={"gang": gang.gang_id, "phase": outcome["phase"],
@@ -278,10 +278,10 @@ class Notary:
         targets = [gang.anchor_workload] if gang.bare else [ref for ref, _ in await self._workloads(gang)]
         await self._emit(gang, targets, kind, reason, message, key=uuid.uuid4().hex)
 
-    async def _workloads(self, gang: Gang) -> list[tuple[WorkloadRef, dict | None]]:
+    async def _workloads(self, gang: Gang) -> list[tuple[WorkloadRef, dict]]:
         """The gang's workloads as read now: the anchor's first, then the others that carry the job name."""
         pods = await self.authority.list_gang_pods(gang.namespace, gang.job)
-        found = []
+        found: list[tuple[WorkloadRef, dict]] = []
         for ref in gang_workloads(gang, pods):
             obj = await self.authority.get_workload(gang.namespace, ref.kind, ref.name)
             if obj is None or (obj.get("metadata") or {}).get("uid") != ref.uid:

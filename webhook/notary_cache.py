@@ -1,5 +1,6 @@
 """What the notary remembers between requests, so that a gang's N members starting together do not cost the API
-server 4N calls (docs/develop/performance.md, "The notary at gang start"; docs/operate/security.md, "What the notary caches").
+server 4N calls (docs/develop/performance.md, "The notary at gang start"; docs/operate/security.md, "What the
+notary caches").
 
 - `ReviewCache`: authenticated TokenReview answers, keyed by the SHA-256 of the token (the token itself is not
   kept), until shortly before the token expires and at most MAX_REVIEW_AGE, at most MAX_REVIEWS of them (LRU).

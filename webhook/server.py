@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainhook.webhook import launcher_configmap, notary
-from trainhook.webhook.connections import BUDGET, RUNNER_ARGS, guard_app, serve_app
+from trainhook.webhook.connections import BUDGET, app_runner, guard_app, serve_app
 from trainhook.webhook.gang_key import GangKey
 from trainhook.webhook.observability import Metrics, configure_logging
 from trainhook.webhook.review import BadReview, json_bytes, review
@@ -268,7 +268,7 @@ def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SS
     guard_app(notary_app)
 
     async def listener(app: web.Application):
-        runner = web.AppRunner(notary_app, handle_signals=False, access_log=None, **RUNNER_ARGS)
+        runner = app_runner(notary_app)
         await runner.setup()
         accepting, sock = serve_app(runner, args.host, args.notary_port, context)
         log.info("notary serving", extra={"host": args.host, "port": args.notary_port, "url": args.notary_url})
@@ -382,8 +382,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         sync_interval=args.cert_sync_interval)
     if args.certs.mode != "self-managed" and args.certs.missing():
         parser.error(f"--cert-mode {args.certs.mode} serves files: {' and '.join(args.certs.missing())} required")
-    if notary.check_arguments(args):
-        parser.error(notary.check_arguments(args))
+    problem = notary.check_arguments(args)
+    if problem:
+        parser.error(problem)
     args.settings = notary.notary_settings(args.settings, args)
     return args
 
@@ -426,8 +427,8 @@ async def run(args: argparse.Namespace) -> int:
                                                      "webhook_configuration": certs.webhook_config_name})
         await manager.start()
         cert_file, key_file = str(manager.cert_file), str(manager.key_file)
-    else:
-        cert_file, key_file = certs.cert_file, certs.key_file
+    else:  # main refused a mode that serves files without both
+        cert_file, key_file = certs.cert_file or "", certs.key_file or ""
     reloader = CertReloader(cert_file, key_file)
     try:
         reloader.load()
@@ -475,7 +476,7 @@ async def serve(app: web.Application, host: str, port: int, context: ssl.SSLCont
                 drain_timeout: float = BODY_DEADLINE + 5) -> None:
     """Serve until SIGTERM/SIGINT, then drain: /readyz turns 503 (so the Service stops routing here), reviews
     keep being answered until none is in flight (or the deadline passes), and only then the server stops."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, **RUNNER_ARGS)
+    runner = app_runner(app)
     await runner.setup()
     accepting, listener = serve_app(runner, host, port, context)
     log.info("serving", extra={"host": host, "port": port})
