@@ -32,7 +32,6 @@ The rules (contract section 7):
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from trainhook.launcher.policy import ACTIVE_DEADLINE_SECONDS, RESTART_GANG, Pol
 from trainhook.launcher.failure_rules import LOST_PEER, describe_code
 from trainhook.launcher.pending import PendingConnections
 from trainhook.launcher.reach import describe, listen
+from trainhook.launcher.speak import speaker
 
 ASSEMBLING, RUNNING_PHASE, RESTARTING, DONE_PHASE = "assembling", "running", "restarting", "done"
 TICK = 0.5
@@ -339,9 +339,7 @@ class GangState:
                                        "since": self.since}))
 
 
-def say(message: str) -> None:
-    sys.stderr.write(f"trainhook-launch coordinator: {message}\n")  # one write: threads' lines never interleave
-    sys.stderr.flush()
+say = speaker("coordinator")
 
 
 class Coordinator:

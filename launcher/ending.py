@@ -15,7 +15,6 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,13 +25,13 @@ from trainhook.launcher.gang import Gang
 from trainhook.launcher.outcome import FAILED, SUCCEEDED, Outcome, now_rfc3339
 from trainhook.launcher.policy import LaunchSettings
 from trainhook.launcher.process import reap_exited
+from trainhook.launcher.speak import speaker
 
 COORDINATOR_RANK = 0  # the notary's anchor: rank 0's pod (for MPI, the launcher, which the webhook ranks first)
 RECORD_DEADLINE = 20.0  # how long the coordinator keeps trying the notary at the end before it says it gave up
 
 
-def say(message: str) -> None:
-    print(f"trainhook-launch: {message}", file=sys.stderr, flush=True)
+say = speaker()
 
 
 def record_outcome(gang: Gang, settings: LaunchSettings, outcome: Outcome, log=say,
@@ -123,7 +122,7 @@ def exit_or_park(settings: LaunchSettings, code: int, recorded: str, status: Cal
     words): exit with `code` where the container is not rerun, else park until the pod is stopped
     (`wait_for_stop` blocks until SIGTERM or SIGINT and returns its number), then exit with `code`. `status`
     keeps the local runner's state ("exiting", "parked"). Used by end_member (the MPI commands) and by
-    gang_run.Member.finalize, which waits for the stop on its own event queue."""
+    gang_run.MemberLauncher.finalize, which waits for the stop on its own event queue."""
     if not settings.parks:
         log(f"exiting {code}: the gang is done (restartPolicy {settings.restart_policy}: this container is not "
             f"rerun); {recorded}")

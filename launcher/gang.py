@@ -82,8 +82,9 @@ class Gang:
         return tuple(peer for peer in self.peers if peer.rank != self.rank)
 
 
-class Problems(list):  # of str; `list[str]` as a base needs Python 3.9
-    """Problems found so far; unset variables are gathered into one entry, as they usually share one cause."""
+class EnvProblems(list):  # of str; `list[str]` as a base needs Python 3.9
+    """The problems found in the environment so far; unset variables are gathered into one entry, as they usually
+    share one cause."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -120,7 +121,7 @@ def shape_problem(name: str, text: str, error: ShapeError) -> str:
 def parse_number(env: Mapping[str, str], name: str, default: float | None, low: float, high: float,
                  problems: list[str], integer: bool = True) -> float | None:
     """A numeric variable within [low, high], or `default` when unset (None default: required, and then
-    `problems` must be a `Problems`); None, with the reason in `problems`, when it is malformed."""
+    `problems` must be an `EnvProblems`); None, with the reason in `problems`, when it is malformed."""
     text = env.get(name, "").strip()
     if not text:
         if default is None:
@@ -137,7 +138,7 @@ def parse_number(env: Mapping[str, str], name: str, default: float | None, low: 
     return value
 
 
-def _shape(env: Mapping[str, str], problems: Problems) -> Shape | None:
+def _shape(env: Mapping[str, str], problems: EnvProblems) -> Shape | None:
     """TRAINHOOK_REPLICAS, in the order given (the webhook writes it in rank order)."""
     text = env.get(keys.TH_REPLICAS, "").strip()
     if not text:
@@ -185,7 +186,7 @@ def elastic_shape(shape: Shape, elastic: tuple[int, int]) -> Shape:
 
 def parse_gang(env: Mapping[str, str]) -> Gang:
     """Read the gang from the TRAINHOOK_* variables; raise ConfigError listing every missing or bad one."""
-    problems = Problems()
+    problems = EnvProblems()
 
     def required(name: str) -> str:
         value = env.get(name, "").strip()

@@ -34,7 +34,6 @@ import re
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -52,6 +51,7 @@ from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED, Outcome, now_rfc3339
 from trainhook.launcher.policy import LaunchSettings, attempt_env, read_settings
 from trainhook.launcher.reach import Backoff, PeerAddress, connect, retry_floor, search_domain
 from trainhook.launcher.process import EXIT_NOT_FOUND, FORWARDED, Training, reap_exited, run_command
+from trainhook.launcher.speak import speaker
 
 if TYPE_CHECKING:  # only rank 0 runs a coordinator: a member's start does not import it (issue 26)
     from trainhook.launcher.coordinator import Coordinator
@@ -70,9 +70,7 @@ MARKER = "outcome.json"
 MISSING = re.compile(r"(?:^|\s|:)([^\s:]+): (?:command )?not found\s*$|command not found: (\S+)")
 
 
-def say(message: str) -> None:
-    sys.stderr.write(f"trainhook-launch run: {message}\n")  # one write: threads' lines never interleave
-    sys.stderr.flush()
+say = speaker("run")
 
 
 class Link(threading.Thread):
@@ -204,7 +202,7 @@ def describe_error(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-class Member:
+class MemberLauncher:
     """One member's launcher: the event loop around its training."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: Gang, settings: LaunchSettings,
@@ -604,4 +602,4 @@ def run_gang(argv: Sequence[str], env: Mapping[str, str]) -> int:
     except identity.NotaryError as e:
         say(f"cannot join the gang: {e}")
         return EXIT_NOT_ASSEMBLED
-    return Member(argv, env, gang, replace(settings, key=key), notary).run()
+    return MemberLauncher(argv, env, gang, replace(settings, key=key), notary).run()

@@ -23,7 +23,6 @@ import json
 import random
 import socket
 import ssl
-import sys
 import time
 import urllib.parse
 from typing import Callable, Mapping
@@ -32,6 +31,7 @@ from trainhook import keys
 from trainhook.launcher.policy import IDENTITY_TOKEN_FILE as TOKEN_FILE
 from trainhook.launcher.outcome import Outcome
 from trainhook.launcher.policy import LaunchSettings
+from trainhook.launcher.speak import speaker
 from trainhook.keys import TH_IDENTITY_TOKEN
 
 CALL_TIMEOUT = 10.0  # one HTTPS call (connect, TLS, answer); the notary itself waits on the API server
@@ -39,9 +39,7 @@ FIRST_DELAY, MAX_DELAY = 0.2, 2.0  # jittered retry delays while the notary cann
 ANSWER_LIMIT = 1 << 20
 
 
-def say(message: str) -> None:
-    sys.stderr.write(f"trainhook-launch: {message}\n")
-    sys.stderr.flush()
+say = speaker()
 
 
 class NotaryError(Exception):

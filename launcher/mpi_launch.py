@@ -32,7 +32,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +49,7 @@ from trainhook.launcher.policy import read_settings
 from trainhook.launcher.process import SignalForwarder, exit_code, returncode, wait_for
 from trainhook.launcher.wait import describe, why
 from trainhook.launcher.wiring import Shape
+from trainhook.launcher.speak import speaker
 
 EXIT_WORKERS_MISSING = 1
 EXIT_SETUP_FAILED = 2  # what the CLI exits with on a ConfigError; the workers get the same
@@ -69,8 +69,7 @@ MPI_BINARIES = {mpi.OPENMPI: ("mpirun.openmpi", "mpirun"), mpi.MPICH: ("mpiexec.
                 mpi.INTEL: ("mpiexec.hydra", "mpiexec")}
 
 
-def say(message: str) -> None:
-    print(f"trainhook-launch mpirun: {message}", file=sys.stderr, flush=True)
+say = speaker("mpirun")
 
 
 def shape_of(gang: Gang) -> Shape:

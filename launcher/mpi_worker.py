@@ -22,7 +22,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from typing import Mapping, Sequence
 
@@ -33,14 +32,14 @@ from trainhook.launcher.gang import ConfigError, Gang
 from trainhook.launcher.process import exit_code
 from trainhook.launcher.wait import listen
 from trainhook.launcher.wiring import TH_MPI_SLOTS
+from trainhook.launcher.speak import speaker
 
 STOP_GRACE = 5.0
 POLL = 0.25
 EXIT_SERVICE_FAILED = 1
 
 
-def say(message: str) -> None:
-    print(f"trainhook-launch mpi-worker: {message}", file=sys.stderr, flush=True)
+say = speaker("mpi-worker")
 
 
 def own_slots(env: Mapping[str, str]) -> int:

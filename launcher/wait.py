@@ -33,7 +33,6 @@ from __future__ import annotations
 import queue
 import selectors
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -42,6 +41,7 @@ from typing import Callable
 from trainhook.launcher.gang import Gang, Peer
 from trainhook.launcher.reach import (LISTED, Backoff, PeerAddress, connect, describe, listen, qualified, retry_floor,
                                      search_domain)
+from trainhook.launcher.speak import speaker
 
 # Backoff, the names, describe and listen: launcher/reach.py
 __all__ = ["Backoff", "describe", "listen", "qualified", "search_domain", "wait"]
@@ -54,8 +54,7 @@ REPORT_EVERY = 30.0  # seconds between progress lines when nothing changes
 CONNECT_TIMEOUT = 5.0
 
 
-def say(message: str, err: bool = False) -> None:
-    print(f"trainhook-launch wait: {message}", file=sys.stderr if err else sys.stdout, flush=True)
+say = speaker("wait", to_stdout=True)
 
 
 class Progress:

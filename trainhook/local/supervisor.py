@@ -151,7 +151,7 @@ class Supervisor:
         return self.run_dir / "pods" / pod.name / "status" / f"{spec.name}.json"
 
     def read_status(self, pod: LocalPod) -> dict | None:
-        """The training container's launcher state (gang_run.Member.status), or None when it keeps none."""
+        """The training container's launcher state (gang_run.MemberLauncher.status), or None when it keeps none."""
         if not pod.containers:
             return None
         try:
