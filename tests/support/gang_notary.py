@@ -28,7 +28,7 @@ from trainhook.local.controllers import ADMIN_USER, pod_requests, store
 from trainhook.local.envvars import PodFacts, Sources, container_env
 from trainhook.local.network import PodNet
 from trainhook.local.pods import training_container_name
-from trainhook.local.run import build_local_pod
+from trainhook.local.state import build_local_pod
 from trainhook.webhook.notary_local import store_workloads, stored_events, workload_path
 
 NOTARY_URL = "https://localhost:{port}"

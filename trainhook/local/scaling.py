@@ -32,6 +32,7 @@ from trainhook.local.controllers import controller_user, statefulset_pods, store
 from trainhook.local.envvars import Sources
 from trainhook.local.manifest import STATEFULSET, type_of
 from trainhook.local.network import Network
+from trainhook.local.state import POD_FILE, build_local_pod, restart_policy, write_hosts_files
 from trainhook.webhook.notary_local import patch_stored_workload
 
 CONTROL = "control"
@@ -108,8 +109,6 @@ class Scaler:
 
     def create(self, sts: dict, create: list[int]) -> tuple[list, list[str]]:
         """Admit and prepare the new pods (the controller's creations); (LocalPods, FailedCreate messages)."""
-        from trainhook.local.run import build_local_pod, write_hosts_files  # run.py imports this module
-
         wanted = {f"{sts['metadata']['name']}-{i}" for i in create}
         pods, failures = [], []
         for pod in statefulset_pods(sts):
@@ -133,8 +132,6 @@ class Scaler:
 
     def forget(self, names: list[str]) -> None:
         """Deleted pods leave the cluster's DNS: every remaining pod's hosts file drops them."""
-        from trainhook.local.run import write_hosts_files
-
         gone = {p["metadata"]["name"]: p["metadata"].get("uid", "") for p in self.state.pods
                 if p["metadata"]["name"] in names}
         self.state.pods = [p for p in self.state.pods if p["metadata"]["name"] not in names]
@@ -147,8 +144,6 @@ class Scaler:
         """A deleted pod leaves the API server once it has stopped (its grace period, as a cluster keeps it while
         terminating): its stored object goes, and with it the notary's trust in its token. A pod of the same name
         created since (another uid) stays."""
-        from trainhook.local.run import POD_FILE
-
         if self.supervisor is not None:
             await self.supervisor.wait_gone(list(gone))
         for name, uid in gone.items():
@@ -162,8 +157,6 @@ class Scaler:
     # --- the runner's side of the control directory -------------------------------------------------------
     async def serve(self, supervisor) -> None:
         """Answer scale requests until cancelled (the run ends)."""
-        from trainhook.local.run import restart_policy
-
         self.supervisor = supervisor
         control = self.run_dir / CONTROL
         control.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from trainhook.keys import TH_LOCAL_STATUS
 from trainhook.local.containers import TH_LOCAL_CONTAINER, _kill_session, exit_code, exited, restarts  # noqa: F401
+from trainhook.local.outcome import gang_line, gang_outcomes, run_outcome
 from trainhook.local.pods import ContainerSpec, LocalPod
 from trainhook.local.results import ContainerResult, Output, PodResult, RunResult  # noqa: F401 - re-exported
 
@@ -43,7 +44,11 @@ WATCH_EVERY = 0.2
 # After a member fails, the other containers get this long to end on their own before the runner stops them.
 FAILURE_SETTLE = 2.0
 PARKED = "parked"
+
+
 class Supervisor:
+    """A kubelet for the run's pods (the module docstring says how it restarts and ends them)."""
+
     def __init__(self, pods: list[LocalPod], output: Output, timeout: float | None = None,
                  grace_seconds: float | None = None, restart_policies: dict[str, str] | None = None,
                  run_dir: Path | None = None):
@@ -151,7 +156,7 @@ class Supervisor:
         return self.run_dir / "pods" / pod.name / "status" / f"{spec.name}.json"
 
     def read_status(self, pod: LocalPod) -> dict | None:
-        """The training container's launcher state (gang_run.MemberLauncher.status), or None when it keeps none."""
+        """The training container's launcher state (gang_run.Member.status), or None when it keeps none."""
         if not pod.containers:
             return None
         try:
@@ -177,57 +182,12 @@ class Supervisor:
     def _alive(self, pod_name: str) -> bool:
         return any(pod.name == pod_name for pod in self._live.values())
 
-    def _gang_outcomes(self) -> dict[str, dict]:
-        """namespace/job -> the outcome its launchers recorded, with the pod that decided it."""
-        gangs: dict[str, dict] = {}
-        for pod in self.pods:
-            state = self.read_status(pod)
-            if not state:
-                continue
-            result = self.results[pod.name]
-            result.gang = f"{state.get('namespace')}/{state.get('job')}"
-            result.training_exit = state.get("training_code")
-            if pod.name in self._parked and result.reason in ("Terminated", "Running"):
-                result.reason = "Parked"
-            outcome = state.get("outcome")
-            if outcome and result.gang not in gangs:
-                gangs[result.gang] = dict(outcome)
-        for gang, outcome in gangs.items():
-            deciding = [p for p in self.pods if self.results[p.name].gang == gang
-                        and self.results[p.name].rank == str(outcome.get("rank"))]
-            outcome["pod"] = deciding[0].name if deciding else ""
-        return gangs
-
     def _outcome(self) -> RunResult:
         pods = [self.results[p.name] for p in self.pods]
-        gangs = self._gang_outcomes()
+        gangs = gang_outcomes(self.pods, self.results, self._parked, self.read_status)
         for name, outcome in gangs.items():
-            restarts = outcome.get("restarts") or 0
-            self.output.line(b"", (f"trainhook local: gang {name} {str(outcome.get('phase', '')).lower()} "
-                                   f"(exit {outcome.get('code')}; attempt {outcome.get('attempt')}, {restarts} gang "
-                                   f"restart{'s' if restarts != 1 else ''}): {outcome.get('reason')}").encode())
-        if self._reason == "Succeeded":
-            failed_gangs = [(name, o) for name, o in gangs.items() if o.get("phase") != "Succeeded"]
-            if failed_gangs:
-                name, outcome = min(failed_gangs, key=lambda item: str(item[1].get("time")))
-                pod = f" [pod {outcome['pod']}]" if outcome.get("pod") else ""
-                return RunResult(pods, int(outcome.get("code") or 1), "Failed",
-                                 f"gang {name} failed: {outcome.get('reason')}{pod}", gangs)
-            undecided = [p for p in self.pods if self.results[p.name].gang and self.results[p.name].gang not in gangs]
-            if undecided:
-                result = self.results[undecided[0].name]
-                code = next((c.exit_code for c in reversed(result.containers)
-                             if c.kind == "main" and c.name == result.training), None) or 1
-                return RunResult(pods, code, "Failed", f"gang {result.gang}: {result.name}'s launcher exited with "
-                                 f"{code} before the gang had an outcome", gangs)
-            # No training container failed, but another one may have: the run still did not succeed.
-            failed = sorted(((c.finished or 0, p.name, c) for p in pods for c in p.containers if c.failed),
-                            key=lambda item: item[:2])
-            if failed:
-                _, name, record = failed[0]
-                return RunResult(pods, record.exit_code or 1, "Failed",
-                                 f"{name}/{record.name} exited with {record.exit_code}", gangs)
-        return RunResult(pods, self._exit_code, self._reason, self._first_failure, gangs)
+            self.output.line(b"", gang_line(name, outcome).encode())
+        return run_outcome(pods, gangs, self._reason, self._exit_code, self._first_failure)
 
     def kill_all(self) -> None:
         """SIGKILL every process group still alive (the last resort of every exit path)."""
