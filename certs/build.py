@@ -14,12 +14,15 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 # Backdate NotBefore so a node whose clock runs a little behind still accepts a fresh certificate.
 CLOCK_SKEW = dt.timedelta(hours=1)
+# The private keys that can sign a certificate: build_ca makes EC keys, a CA read back from a Secret may be any.
+SIGNING_KEYS = (rsa.RSAPrivateKey, dsa.DSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey,
+                ed448.Ed448PrivateKey)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ def build_serving_pair(ca: KeyPair, hostnames: list[str], now: dt.datetime, days
         raise ValueError("a serving certificate needs at least one SAN (--san)")
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, SIGNING_KEYS):  # an X25519 or DH key, say: cryptography's sign() would refuse it too
+        raise TypeError(f"the CA's key ({type(ca_key).__name__}) cannot sign a certificate")
+    issuer_key_id = x509.SubjectKeyIdentifier.from_public_key(ca_cert.public_key())
     key = _new_key()
     cert = (
         x509.CertificateBuilder()
@@ -82,7 +88,7 @@ def build_serving_pair(ca: KeyPair, hostnames: list[str], now: dt.datetime, days
         .add_extension(x509.SubjectAlternativeName([_san_entry(h) for h in hostnames]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_key_id), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))

@@ -31,8 +31,8 @@ import binascii
 import datetime as dt
 import enum
 import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature

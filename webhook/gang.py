@@ -31,7 +31,7 @@ class Problems(list[str]):
         self.keys.append(key)
 
 
-def at_most_one(shape: "Shape", role: str, gang: str, problems: Problems, why: str = "") -> None:
+def at_most_one(shape: Shape, role: str, gang: str, problems: Problems, why: str = "") -> None:
     """Refuse a shape with more than one replica of a role its framework runs once (a master, a chief)."""
     if shape.count(role) > 1:
         reason = f"{gang} has at most one {role}" + (f" ({why})" if why else "")

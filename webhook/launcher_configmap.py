@@ -39,7 +39,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from trainhook import keys
 from trainhook.launcher import deliver
@@ -73,11 +74,11 @@ def configmap_name(zip_bytes: bytes, entry: bytes | str) -> str:
 def configmap(name: str, namespace: str, zip_bytes: bytes, entry: bytes | str) -> dict:
     """The entry point goes in binaryData when it is the program, in data (readable) when it is the script."""
     entry = _as_bytes(entry)
+    binary = {ZIP_KEY: base64.b64encode(zip_bytes).decode()}
     body = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(LABELS)},
-            "binaryData": {ZIP_KEY: base64.b64encode(zip_bytes).decode()}}
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(LABELS)}, "binaryData": binary}
     if deliver.is_program(entry):
-        body["binaryData"][SHIM_KEY] = base64.b64encode(entry).decode()
+        binary[SHIM_KEY] = base64.b64encode(entry).decode()
     else:
         body["data"] = {SHIM_KEY: entry.decode()}
     return body

@@ -128,9 +128,9 @@ class SharedReads:
         if flying is None or (fresh_after is not None and flying[0] < fresh_after):
             started = self.clock()
             task = asyncio.ensure_future(read())
-            flying = (started, task)
-            self.flying[key] = flying
-            task.add_done_callback(lambda done, key=key, entry=flying: self._landed(key, entry))
+            entry = flying = (started, task)
+            self.flying[key] = entry
+            task.add_done_callback(lambda _: self._landed(key, entry))
         value = await asyncio.shield(flying[1])
         return Read(value, flying[0])
 

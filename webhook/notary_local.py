@@ -104,16 +104,15 @@ def store_workloads(run_dir: Path, workloads: list[dict]) -> None:
                         stored)
 
 
-def merge_patch(target: object, patch: object) -> object:
-    """RFC 7386 JSON merge patch, as the API server applies `application/merge-patch+json`."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+def merge_patch(target: object, patch: dict) -> dict:
+    """RFC 7386 JSON merge patch, as the API server applies `application/merge-patch+json`: an object's keys
+    merged in (a None removes one), any other value replacing what was there."""
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = merge_patch(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value) if isinstance(value, dict) else copy.deepcopy(value)
     return result
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,7 +59,8 @@ class FileText:
     and no API call); "" while it does not exist."""
 
     def __init__(self, path: Path):
-        self.path, self.seen, self.text = path, None, ""
+        self.path, self.text = path, ""
+        self.seen: tuple[int, int] | None = None  # (mtime in ns, size) of the text read
 
     def __call__(self) -> str:
         try:
@@ -76,6 +78,7 @@ def notary_settings(settings: Settings, args: argparse.Namespace) -> Settings:
     the Secret; cert-manager: the mounted Secret's, beside tls.crt)."""
     if args.notary_authority == "none":
         return settings
+    ca: Callable[[], str] | str  # the PEM, or a file to read it from (Settings.notary_ca)
     if args.notary_ca_file:
         ca = FileText(Path(args.notary_ca_file))
     elif os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_CA"):

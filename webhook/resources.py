@@ -52,8 +52,10 @@ def check_container(path: str, container: dict, problems: Problems) -> None:
     resources = container.get("resources") if isinstance(container, dict) else None
     if not isinstance(resources, dict):
         return
-    sections = {section: resources.get(section) if isinstance(resources.get(section), dict) else {}
-                for section in ("limits", "requests")}
+    sections: dict[str, dict] = {}
+    for section in ("limits", "requests"):
+        found = resources.get(section)
+        sections[section] = found if isinstance(found, dict) else {}
     values: dict[str, dict[str, Decimal]] = {"limits": {}, "requests": {}}
     for section, items in sections.items():
         for name, text in items.items():

@@ -111,7 +111,8 @@ def review_scale(request: dict, workloads: Workloads | None) -> Reviewed:
     """A `statefulsets/scale` UPDATE (kubectl scale, an HPA, the launcher's scale to zero), checked against the
     cached StatefulSet: the Scale in the review has no labels to say whether it is a gang (docs/operate/webhook.md)."""
     uid, kind = request["uid"], request["kind"]["kind"]
-    resource = request.get("resource") if isinstance(request.get("resource"), dict) else {}
+    resource = request.get("resource")
+    resource = resource if isinstance(resource, dict) else {}
     if request["operation"] != "UPDATE" or resource.get("resource") != "statefulsets":
         return Reviewed(_response(uid, allowed=True), kind, "unchanged")
     obj = request["object"]

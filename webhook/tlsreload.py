@@ -99,9 +99,7 @@ class CertReloader:
     def load(self) -> x509.Certificate:
         """The first load: raises OSError or BadPair, so a server that cannot serve says so at start."""
         cert_pem, key_pem, digest = self._read()
-        self._install(cert_pem, key_pem, digest)
-        assert self.loaded is not None
-        return self.loaded
+        return self._install(cert_pem, key_pem, digest)
 
     def check(self) -> bool:
         """Reload if the files changed since the last load; True when a new pair is now served."""
@@ -114,23 +112,25 @@ class CertReloader:
         if digest in (self._loaded_digest, self._refused_digest):
             return False
         try:
-            self._install(cert_pem, key_pem, digest)
+            leaf = self._install(cert_pem, key_pem, digest)
         except BadPair as e:
             # Often a moment between two writes (certificate new, key still old): the next poll sees both.
             self._refused_digest = digest
             log.warning("not serving the changed certificate files; keeping the one in use",
                         extra={"cert_file": str(self.cert_file), "error": str(e)})
             return False
-        log.info("serving a new certificate", extra={"serial": f"{self.loaded.serial_number:x}",
-                                                    "not_after": self.loaded.not_valid_after_utc.isoformat()})
+        log.info("serving a new certificate", extra={"serial": f"{leaf.serial_number:x}",
+                                                    "not_after": leaf.not_valid_after_utc.isoformat()})
         return True
 
-    def _install(self, cert_pem: bytes, key_pem: bytes, digest: str) -> None:
+    def _install(self, cert_pem: bytes, key_pem: bytes, digest: str) -> x509.Certificate:
+        """Serve the pair (BadPair when it cannot be served); returns its certificate, now `loaded`."""
         leaf = check_pair(cert_pem, key_pem)
         with _pinned(cert_pem, key_pem) as (cert_path, key_path):
             # Runs on the event loop's thread, where handshakes run too: none sees a half-loaded context.
             self.context.load_cert_chain(cert_path, key_path)
         self.loaded, self._loaded_digest, self._refused_digest = leaf, digest, None
+        return leaf
 
     async def watch(self, interval: float = DEFAULT_INTERVAL) -> None:
         """Poll forever (cancel to stop)."""

@@ -79,8 +79,10 @@ def list_pods(api_client: Any) -> Iterator[dict]:
     core = client.CoreV1Api(api_client)
     token = None
     while True:
-        response = core.list_pod_for_all_namespaces(label_selector=keys.FRAMEWORK, limit=PAGE_SIZE, _continue=token,
-                                                    _preload_content=False, _request_timeout=API_TIMEOUT)
+        # _preload_content=False: urllib3's raw response (its .data), not the V1PodList the client's types promise
+        response: Any = core.list_pod_for_all_namespaces(label_selector=keys.FRAMEWORK, limit=PAGE_SIZE,
+                                                         _continue=token, _preload_content=False,
+                                                         _request_timeout=API_TIMEOUT)
         page = json.loads(response.data)
         yield from page.get("items") or []
         token = (page.get("metadata") or {}).get("continue")

@@ -98,7 +98,8 @@ def key_problems(obj: dict) -> list[str]:
     the webhook never sees it, and its pods would run unwired, each training alone (a StatefulSet's restarting
     forever). The webhook itself only warns on the first kind and cannot see the second; the CLI refuses both."""
     meta = _metadata(obj)
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, dict) else {}
     found = keys.unknown_keys(labels, meta.get("annotations"))
     places = [meta]
     if type_of(obj) in (STATEFULSET, JOB):

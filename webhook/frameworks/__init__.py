@@ -13,8 +13,8 @@ read (`is_elastic`, `elastic_range`), and no code outside this package names a f
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from functools import cache
-from typing import Callable
 
 from trainhook import keys
 from trainhook.gang.shape import ShapeError, parse_range
