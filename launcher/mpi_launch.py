@@ -47,7 +47,8 @@ from trainhook.launcher import wiring as mpi
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
 from trainhook.launcher.policy import read_settings
 from trainhook.launcher.process import SignalForwarder, exit_code, returncode, wait_for
-from trainhook.launcher.wait import describe, why
+from trainhook.launcher.reach import describe
+from trainhook.launcher.wait_tcp import why
 from trainhook.launcher.wiring import Shape
 from trainhook.launcher.speak import speaker
 

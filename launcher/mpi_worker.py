@@ -30,7 +30,7 @@ from trainhook.launcher.mpi_doorman import Doorman, install_agent  # noqa: F401 
 from trainhook.launcher.mpi_spawn import Children
 from trainhook.launcher.gang import ConfigError, Gang
 from trainhook.launcher.process import exit_code
-from trainhook.launcher.wait import listen
+from trainhook.launcher.reach import listen
 from trainhook.launcher.wiring import TH_MPI_SLOTS
 from trainhook.launcher.speak import speaker
 

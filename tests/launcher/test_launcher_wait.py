@@ -21,7 +21,8 @@ from trainhook import keys
 from trainhook.launcher.gang import Gang, parse_gang
 from trainhook.launcher import reach
 from trainhook.launcher import wait as wait_module
-from trainhook.launcher.wait import PROTOCOL, answer, missing_line, parse_missing
+from trainhook.launcher import wait_dns as dns_mode
+from trainhook.launcher.wait_tcp import PROTOCOL, answer, missing_line, parse_missing
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
 ADDRESSES = ["job-master-0.job", "job-worker-0.job", "job-worker-1.job"]  # ranks 0, 1, 2
@@ -123,7 +124,7 @@ def test_rank_0s_queries_per_poll_do_not_grow_with_the_gang(monkeypatch):
     env = pod_env(0, **{keys.TH_REPLICAS: "master=1,worker=63"})
     gang = parse_gang(env)
     monkeypatch.setattr(reach, "FIRST_DELAY", 0.001)
-    monkeypatch.setattr(wait_module, "GATHER_FLOOR", 0.002)
+    monkeypatch.setattr(dns_mode, "GATHER_FLOOR", 0.002)
     present, asked, polls = [1], [], []
 
     def count(name):
@@ -135,7 +136,7 @@ def test_rank_0s_queries_per_poll_do_not_grow_with_the_gang(monkeypatch):
         asked.append(address)
         return int(address.split("-")[-1].split(".")[0]) < present[0] - 1 or address.startswith("job-master")
 
-    missing = wait_module.wait_gathering(gang, time.monotonic() + 20, resolve=resolve, count=count)
+    missing = dns_mode.wait_gathering(gang, time.monotonic() + 20, resolve=resolve, count=count)
     assert missing == []
     assert set(polls) == {"job"} and len(polls) >= 63
     assert len(asked) <= 2 * gang.size, len(asked)  # each name about once, not once per poll (that was 64 x 63)
