@@ -12,7 +12,8 @@ import time
 
 from test_gang_protocol import TOKEN, env, free_port, gang, next_directive
 from trainhook.launcher import pending
-from trainhook.launcher.coordinator import Coordinator, Report
+from trainhook.launcher.coordinator import Coordinator
+from trainhook.launcher.gang_report import Report
 from trainhook.launcher.gang import parse_gang
 from trainhook.launcher.gang_run import Link
 from trainhook.launcher.policy import Policy, read_settings

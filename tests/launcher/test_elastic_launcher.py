@@ -14,7 +14,9 @@ import time
 import pytest
 
 from trainhook import keys
-from trainhook.launcher.coordinator import EXITED, RUNNING, STOPPED, Coordinator, GangState, Report
+from trainhook.launcher.coordinator import Coordinator
+from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_report import EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
 from trainhook.launcher.gang_run import Link
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED

@@ -19,7 +19,8 @@ from objects import review, statefulset
 from webhook_process import free_port
 
 from trainhook.launcher import failure_cause
-from trainhook.launcher.coordinator import EXITED, STOPPED, GangState, Report
+from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_report import EXITED, STOPPED, Report
 from trainhook.launcher.failure_rules import DEFAULT_TEXT, FailureRules, RulesError, parse
 from trainhook.launcher.gang import ConfigError, Gang, Peer
 from trainhook.launcher.policy import RESTART_GANG, Policy, read_settings

@@ -16,7 +16,8 @@ from gang_notary import GangNotary, indexed_job
 
 from trainhook import keys
 from trainhook.cluster.status import format_list, format_status, gang_state, kept_lines
-from trainhook.launcher.coordinator import EXITED, STOPPED, GangState, Report
+from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_report import EXITED, STOPPED, Report
 from trainhook.launcher.gang import Gang, Peer
 from trainhook.launcher.gang_report import MAX_TAIL
 from trainhook.launcher.gang_run import command_missing

@@ -15,7 +15,9 @@ import pytest
 from gang_notary import GangNotary, indexed_job
 
 from trainhook.launcher import gang_protocol as wire
-from trainhook.launcher.coordinator import DONE, EXITED, RUNNING, STOPPED, Coordinator, GangState, Report
+from trainhook.launcher.coordinator import Coordinator
+from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
 from trainhook.launcher.gang_run import Link
 from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, SUCCEEDED, Outcome

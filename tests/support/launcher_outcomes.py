@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 
 from trainhook import keys
 from trainhook.launcher import kube_api, outcome_api
-from trainhook.launcher.coordinator import EXITED, GangState, Report
+from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_report import EXITED, Report
 from trainhook.launcher.gang import parse_gang
 from trainhook.launcher.outcome import Outcome
 from trainhook.launcher.policy import Policy
