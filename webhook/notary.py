@@ -38,8 +38,8 @@ from trainhook.webhook.notary_membership import (WORKLOAD_KINDS, Gang, Identity,
                                                  pick_anchor, place_of, token_claims)
 from trainhook.webhook.notary_records import (BadBody, event, outcome_message, parse_event, parse_outcome,
                                               rank_pods, record_patch, recorded_outcome, same_record)
-from trainhook.webhook.notary_settings import (DEFAULT_PORT, FileText, add_arguments,  # noqa: F401 - server.py's
-                                               authority_from, check_arguments, notary_settings)  # interface
+from trainhook.webhook.notary_settings import (DEFAULT_PORT, FileText, add_arguments,  # noqa: F401 - for server.py
+                                               authority_from, check_arguments, notary_settings)  # and background.py
 
 log = logging.getLogger("trainhook.webhook.notary")
 

@@ -1,6 +1,6 @@
 """The notary's settings: its flags, the URL gang pods dial and the CA that verifies it, and which authority answers
-(docs/operate/security.md). Re-exported by webhook/notary.py, which server.py uses; kept apart so that notary.py is only
-the order of the notary's I/O and its HTTP mapping.
+(docs/operate/security.md). Re-exported by webhook/notary.py, which server.py and background.py use; kept apart so
+that notary.py is only the order of the notary's I/O and its HTTP mapping.
 """
 
 from __future__ import annotations

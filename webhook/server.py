@@ -1,9 +1,14 @@
-"""The HTTPS server: aiohttp transport around `review()`; decode, call, map errors to HTTP statuses.
+"""`trainhook-webhook`: the process. Its flags, the order it comes up in (the first certificate, the gang key, then
+the app with what runs beside it), and serving until SIGTERM with a drain.
 
 `trainhook-webhook --tls-cert FILE --tls-key FILE [--host H] [--port P]` serves a mounted certificate
 (certificate modes `secret` and `cert-manager`) and reloads it when the files change;
 `trainhook-webhook --cert-mode self-managed --secret-name S --webhook-config-name W --service-name SVC
 --namespace NS` keeps its own CA and serving pair in the Secret S and the caBundle of W (webhook/selfcerts.py).
+
+The requests are answered in webhook/handlers.py (the admission app); what runs beside it while it serves (the
+certificate reload, the launcher ConfigMaps, the gang key, the StatefulSet watch, the notary's listener) is
+webhook/background.py's. This file only decides, from the flags, what runs, and starts it in order.
 """
 
 from __future__ import annotations
@@ -11,150 +16,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import secrets
 import signal
 import ssl
 import sys
-import time
 from pathlib import Path
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from trainhook.webhook import launcher_configmap, notary
-from trainhook.webhook.connections import BUDGET, app_runner, guard_app, serve_app
+from trainhook.webhook import notary
+from trainhook.webhook.background import (keep_gang_key, keep_launcher_configmaps, serve_notary, watch_certificates,
+                                          watch_statefulsets)
+from trainhook.webhook.connections import app_runner, serve_app
 from trainhook.webhook.gang_key import GangKey
-from trainhook.webhook.observability import Metrics, configure_logging
-from trainhook.webhook.review import BadReview, json_bytes, review
+from trainhook.webhook.handlers import BODY_DEADLINE, LIFECYCLE, create_app
+from trainhook.webhook.observability import configure_logging
 from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client, service_hostnames
-from trainhook.webhook.statefulset_cache import StatefulSetCache, start_background
 from trainhook.webhook.settings import (CERT_ENV, CERT_MODES, CertSettings, Settings, cert_settings_from_env,
                                         parse_namespaces, parse_sans, parse_tolerations, settings_from_env)
 from trainhook.webhook.tlsreload import BadPair, CertReloader, server_context
 from trainhook.webhook.tolerations import parse_namespaces as parse_toleration_namespaces
 
-
-@dataclass
-class Lifecycle:
-    """Server bookkeeping (never review state): reviews in flight, whether SIGTERM started a drain, and the
-    readiness checks (each returns why the pod is not ready, or None)."""
-
-    in_flight: int = 0
-    draining: bool = False
-    checks: list[Callable[[], str | None]] = field(default_factory=list)
-
-    def not_ready_reason(self) -> str | None:
-        if self.draining:
-            return "draining"
-        for check in self.checks:
-            reason = check()
-            if reason:
-                return reason
-        return None
-
-
-@dataclass
-class CurrentSettings:
-    """The Settings each review reads: replaced whole (never changed in place) when the launcher ConfigMaps are
-    written, so a review in flight keeps the one it started with."""
-
-    settings: Settings
-
-
-SETTINGS = web.AppKey("settings", CurrentSettings)
-METRICS = web.AppKey("metrics", Metrics)
-LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
-WORKLOADS = web.AppKey("workloads", StatefulSetCache)
-# The largest AdmissionReview accepted: a Kubernetes object is at most ~1.5 MiB (etcd's limit), and a
-# review of an UPDATE carries two of them.
-MAX_BODY = 4 * 1024 * 1024
-# A client must deliver its body within this; one that trickles it holds only its own connection, and then
-# loses it (the API server's own webhook timeout is at most 30 s).
-BODY_DEADLINE = 10.0
 log = logging.getLogger("trainhook.webhook")
-
-
-def bad_request(metrics: Metrics, reason: str) -> web.Response:
-    metrics.bad_requests.inc()
-    log.info("bad request", extra={"reason": reason})
-    return web.json_response({"error": reason}, status=400)
-
-
-async def mutate_handler(request: web.Request) -> web.Response:
-    lifecycle = request.app[LIFECYCLE]
-    lifecycle.in_flight += 1
-    try:
-        return await answer_review(request)
-    finally:
-        lifecycle.in_flight -= 1
-
-
-async def answer_review(request: web.Request) -> web.Response:
-    metrics, started = request.app[METRICS], time.perf_counter()
-    if request.content.is_eof():  # the whole body came with the headers (a pod review does): no wait, no timer
-        raw = await request.read()
-    else:  # held in memory while it trickles in: within the budget all connections share (connections.py)
-        budget, size = request.app[BUDGET], min(request.content_length or MAX_BODY, MAX_BODY)
-        if not budget.take(size):
-            return web.json_response({"error": "too many request bodies in flight; retry"}, status=503)
-        try:
-            async with asyncio.timeout(BODY_DEADLINE):
-                raw = await request.read()
-        except TimeoutError:
-            return bad_request(metrics, f"the body did not arrive within {BODY_DEADLINE:.0f} s")
-        finally:
-            budget.give(size)
-    try:
-        body = json.loads(raw)
-        reviewed = review(body, request.app[SETTINGS].settings, request.app.get(WORKLOADS))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        return bad_request(metrics, f"the body is not JSON: {e}")
-    except BadReview as e:
-        return bad_request(metrics, str(e))
-    except RecursionError:  # json.loads or the walks over the object (jsondiff): no Kubernetes object nests so
-        return bad_request(metrics, "the body nests arrays or objects too deeply for an AdmissionReview")
-    metrics.admitted(reviewed.kind, reviewed.outcome)
-    for reason in reviewed.reasons:
-        metrics.refusals.labels(reason).inc()
-    metrics.latency.observe(time.perf_counter() - started)
-    if reviewed.outcome == "denied":
-        log.info("denied", extra={"kind": reviewed.kind, "uid": reviewed.answer["response"]["uid"],
-                                  "reasons": reviewed.reasons})
-    return web.Response(body=json_bytes(reviewed.answer), content_type="application/json")
-
-
-async def health_handler(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def ready_handler(request: web.Request) -> web.Response:
-    reason = request.app[LIFECYCLE].not_ready_reason()
-    if reason:
-        return web.Response(text=reason, status=503)
-    return web.Response(text="ok")
-
-
-async def metrics_handler(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def create_app(settings: Settings) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
-    app[SETTINGS] = CurrentSettings(settings)
-    app[METRICS] = Metrics()
-    app[LIFECYCLE] = Lifecycle()
-    guard_app(app)  # connection cap, head deadline, body budget
-    app.router.add_post("/mutate", mutate_handler)
-    app.router.add_get("/healthz", health_handler)
-    app.router.add_get("/readyz", ready_handler)
-    app.router.add_get("/metrics", metrics_handler)
-    return app
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
@@ -162,122 +47,6 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     context = server_context()
     context.load_cert_chain(cert_file, key_file)
     return context
-
-
-def watch_certificates(app: web.Application, reloader: CertReloader, reload_interval: float,
-                       manager: SelfManagedCerts | None = None, sync_interval: float = 60.0) -> None:
-    """Keep the served certificate current while `app` runs: poll the files (and, self-managed, sync the
-    Secret and the caBundle); readiness waits for a loaded certificate the caBundle trusts."""
-
-    async def background(app: web.Application):
-        jobs = [asyncio.create_task(reloader.watch(reload_interval))]
-        if manager is not None:
-            # After each sync the new files are looked at at once, not at the next poll.
-            jobs.append(asyncio.create_task(manager.run(sync_interval, after_sync=reloader.check)))
-        yield
-        for job in jobs:
-            job.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
-
-    app.cleanup_ctx.append(background)
-    if manager is not None:
-        app[LIFECYCLE].checks.append(lambda: manager.not_ready_reason(reloader.loaded))
-    else:
-        app[LIFECYCLE].checks.append(lambda: None if reloader.loaded else "no serving certificate loaded yet")
-
-
-def keep_launcher_configmaps(app: web.Application, api_client, namespaces: tuple[str, ...],
-                            interval: float = 60.0, owner: str = "") -> None:
-    """Write the launcher ConfigMap into `namespaces` before turning ready, then check it every `interval` (someone
-    may replace it; old versions go); reviews use it where it was written and checked (webhook/launcher_configmap.py).
-    `owner`: the release's ClusterRole that owns them, so that helm uninstall removes them."""
-    from kubernetes import client
-    zip_bytes, shim = launcher_configmap.content()
-    name = launcher_configmap.configmap_name(zip_bytes, shim)
-    published: list[bool] = []
-
-    async def keep(app: web.Application):
-        async def loop():
-            keeper = None  # made once; again only while it could not be made (no API config yet)
-            while True:
-                try:
-                    if keeper is None:
-                        api = api_client or kube_client()
-                        keeper = launcher_configmap.Keeper(client.CoreV1Api(api), namespaces, zip_bytes, shim,
-                                                           owner=owner, rbac_api=client.RbacAuthorizationV1Api(api))
-                    done = await asyncio.to_thread(keeper.round)
-                except Exception as e:  # noqa: BLE001  no API at all: serve with the init container, say why
-                    log.warning("cannot write the launcher ConfigMaps; pods get the gang-wait init container",
-                                extra={"error": str(e)})
-                    done = frozenset()
-                current = app[SETTINGS]
-                if done != current.settings.launcher_namespaces or not published:
-                    current.settings = dataclasses.replace(current.settings, launcher_configmap=name,
-                                                           launcher_namespaces=done)
-                    log.info("launcher ConfigMap", extra={"configmap": name, "namespaces": sorted(done)})
-                published[:] = [True]
-                await asyncio.sleep(interval)
-        job = asyncio.create_task(loop())
-        yield
-        job.cancel()
-        await asyncio.gather(job, return_exceptions=True)
-
-    app.cleanup_ctx.append(keep)
-    app[LIFECYCLE].checks.append(lambda: None if published else "the launcher ConfigMaps are not written yet")
-
-
-def keep_gang_key(app: web.Application, keeper: GangKey, interval: float = 30.0) -> None:
-    """Look at the gang key's Secret every `interval` while `app` runs; a key changed there replaces the Settings'
-    (webhook/gang_key.py: the Secret is the truth, so replicas converge within one interval)."""
-    def adopted(key: bytes) -> None:
-        current = app[SETTINGS]
-        current.settings = dataclasses.replace(current.settings, gang_key=key)
-
-    async def background(app: web.Application):
-        job = asyncio.create_task(keeper.keep(interval, adopted))
-        yield
-        job.cancel()
-        await asyncio.gather(job, return_exceptions=True)
-
-    app.cleanup_ctx.append(background)
-
-
-def watch_statefulsets(app: web.Application, api_client) -> StatefulSetCache:
-    """Keep the gang StatefulSets scale reviews are checked against (webhook/statefulset_cache.py) while `app` runs.
-    Readiness does not wait for it: until the first list a scale is allowed with a warning, as when we are down."""
-    cache = app[WORKLOADS] = StatefulSetCache()
-
-    async def background(app: web.Application):
-        thread, stop = start_background(cache, api_client or kube_client())
-        yield
-        stop.set()
-
-    app.cleanup_ctx.append(background)
-    return cache
-
-
-def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SSLContext, api_client=None) -> None:
-    """The notary (webhook/notary.py): a second HTTPS listener on --notary-port with the webhook's own TLS context,
-    up and down with `app`; only with --notary-authority cluster or local:DIR."""
-    if args.notary_authority == "none":
-        return
-    notary_app = notary.create_app(notary.Notary(notary.authority_from(args, api_client),
-                                                 lambda: app[SETTINGS].settings.gang_key))
-    # Every pod may reach this port (the chart's NetworkPolicy opens it to all): the same connection cap, head
-    # deadline and head bounds as the admission port (connections.py), not a bare TCPSite that idle clients fill.
-    guard_app(notary_app)
-
-    async def listener(app: web.Application):
-        runner = app_runner(notary_app)
-        await runner.setup()
-        accepting, sock = serve_app(runner, args.host, args.notary_port, context)
-        log.info("notary serving", extra={"host": args.host, "port": args.notary_port, "url": args.notary_url})
-        yield
-        accepting.cancel()
-        sock.close()
-        await runner.cleanup()
-
-    app.cleanup_ctx.append(listener)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

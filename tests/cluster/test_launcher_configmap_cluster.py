@@ -170,27 +170,28 @@ def test_the_server_turns_ready_once_written_and_then_admits_with_the_configmap(
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from trainhook.webhook import server
+    from trainhook.webhook.background import keep_launcher_configmaps
+    from trainhook.webhook.handlers import LIFECYCLE, SETTINGS, create_app
     from trainhook.webhook.settings import Settings
 
     caplog.set_level(logging.INFO, logger="trainhook.webhook")  # as the server logs: its records must build
 
     async def scenario():
         with control_plane.api_client() as api:
-            app = server.create_app(Settings())
-            server.keep_launcher_configmaps(app, api, (k8s_namespace, "no-such-namespace"), interval=0.2)
-            assert app[server.LIFECYCLE].not_ready_reason() == "the launcher ConfigMaps are not written yet"
+            app = create_app(Settings())
+            keep_launcher_configmaps(app, api, (k8s_namespace, "no-such-namespace"), interval=0.2)
+            assert app[LIFECYCLE].not_ready_reason() == "the launcher ConfigMaps are not written yet"
             async with TestClient(TestServer(app)) as http:
                 for _ in range(100):
                     if (await http.get("/readyz")).status == 200:
                         break
                     await asyncio.sleep(0.1)
                 assert (await http.get("/readyz")).status == 200
-                current = app[server.SETTINGS].settings
+                current = app[SETTINGS].settings
                 assert current.launcher_configmap == lcm.configmap_name(*lcm.content())
                 assert current.launcher_namespaces == frozenset({k8s_namespace})
                 await asyncio.sleep(0.5)  # later rounds keep it so
-                assert app[server.SETTINGS].settings.launcher_namespaces == frozenset({k8s_namespace})
+                assert app[SETTINGS].settings.launcher_namespaces == frozenset({k8s_namespace})
                 listed = client.CoreV1Api(api).list_namespaced_config_map(k8s_namespace).items
                 assert [c.metadata.name for c in listed if c.metadata.name.startswith(lcm.PREFIX)] == [
                     current.launcher_configmap]
