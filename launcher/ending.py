@@ -28,6 +28,7 @@ from trainhook.launcher.process import reap_exited
 from trainhook.launcher.speak import speaker
 
 COORDINATOR_RANK = 0  # the notary's anchor: rank 0's pod (for MPI, the launcher, which the webhook ranks first)
+MARKER = "outcome.json"  # in TRAINHOOK_STATE_DIR: the outcome, for this pod's restarted containers
 RECORD_DEADLINE = 20.0  # how long the coordinator keeps trying the notary at the end before it says it gave up
 
 
@@ -67,12 +68,65 @@ def record_outcome(gang: Gang, settings: LaunchSettings, outcome: Outcome, log=s
     return f"the notary recorded {recorded.phase} on the gang's workloads{stops}"
 
 
+def recorded_outcome(notary: identity.Notary | None, settings: LaunchSettings, log=say) -> Outcome | None:
+    """What the notary recorded for this gang before this launcher started (rank 0: a restarted coordinator
+    learns the outcome from the notary, never from what a member claims)."""
+    if notary is None:
+        return None
+    try:
+        outcome = notary.recorded_outcome()
+    except identity.NotaryError as e:
+        log(f"could not ask the notary for the gang's recorded outcome ({e}); going on as a new gang")
+        return None
+    if outcome is not None:
+        kind, name = settings.workload_kind, settings.workload_name
+        log(f"the notary records that the gang is done ({outcome.phase}: {outcome.reason}); to run it again, "
+            f"remove the label and annotation: kubectl label {kind.lower()} {name} trainhook.dev/phase- && "
+            f"kubectl annotate {kind.lower()} {name} trainhook.dev/phase-")
+    return outcome
+
+
 def write_atomically(path: Path, data: dict) -> None:
     """Write JSON through a temporary name and rename: a reader never sees half a file (OSError on failure)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     temporary.write_text(json.dumps(data))
     os.replace(temporary, path)
+
+
+def read_marker(settings: LaunchSettings, gang: Gang, log=say) -> Outcome | None:
+    """The outcome this pod's outcome marker records (TRAINHOOK_STATE_DIR, an emptyDir outlives container restarts),
+    if it is this gang's: so a restarted container never reruns finished training."""
+    if not settings.state_dir:
+        return None
+    path = Path(settings.state_dir) / MARKER
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log(f"ignored the outcome marker {path}: {e}")
+        return None
+    if (data.get("namespace"), data.get("job")) != (gang.namespace, gang.job_name):
+        return None
+    try:
+        outcome = Outcome.from_dict(data.get("outcome") or {})
+    except ValueError as e:
+        log(f"ignored the outcome marker {path}: {e}")
+        return None
+    log(f"{path} records that the gang is done ({outcome.phase})")
+    return outcome
+
+
+def write_marker(settings: LaunchSettings, gang: Gang, outcome: Outcome | None, log=say) -> None:
+    """Keep the outcome in this pod's outcome marker (read_marker), when there is a state directory."""
+    if not settings.state_dir or outcome is None:
+        return
+    data = {"namespace": gang.namespace, "job": gang.job_name, "outcome": outcome.to_dict()}
+    try:
+        write_atomically(Path(settings.state_dir) / MARKER, data)
+    except OSError as e:
+        log(f"cannot write the outcome marker in {settings.state_dir}: {e}")
 
 
 def write_local_status(settings: LaunchSettings, data: dict, log=say) -> None:

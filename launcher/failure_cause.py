@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from trainhook.launcher.failure_rules import LOST_PEER, TIMEOUT, signal_name
+from trainhook.launcher.process import EXIT_NOT_FOUND
 
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch.distributed.elastic's error file, read by torchrun and @record
 MAX_DETAIL = 200
@@ -167,3 +168,20 @@ def read_error_file(path: str, since: float) -> Optional[str]:
             return f.read(65536)
     except OSError:
         return None
+
+
+# A missing command as shells and the launcher say it: `exec: torchrun: not found`, `torchrun: command not found`,
+# `command not found: torchrun`.
+MISSING = re.compile(r"(?:^|\s|:)([^\s:]+): (?:command )?not found\s*$|command not found: (\S+)")
+
+
+def command_missing(code: int, tail: str) -> str:
+    """`command not found: NAME` when the training exited 127 and its last lines say a command was not found (a
+    shell's `exec: torchrun: not found`, bash's `torchrun: command not found`), so the outcome names it."""
+    if code != EXIT_NOT_FOUND:
+        return ""
+    for line in reversed(tail.splitlines()[-5:]):
+        found = MISSING.search(line)
+        if found:
+            return f"command not found: {found.group(1) or found.group(2)}"[:200]
+    return ""

@@ -22,35 +22,31 @@ member that joins late that the gang is done, or that it already finished its pa
 never reruns finished training. What a member claims about the outcome is never taken as the outcome.
 
 Rank 0's launcher connects to its own coordinator over loopback, so every member takes the same path.
+
+This module is the member's event loop; its link to the coordinator is gang_link.py, and how it ends (the outcome
+marker, the notary's record, exit or park) is ending.py, shared with the MPI commands.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import queue
-import re
 import shutil
 import signal
-import socket
 import tempfile
-import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainhook import keys
-from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher import ending, failure_cause, identity
-from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang import ConfigError, Gang, parse_gang
+from trainhook.launcher.gang_link import Link
 from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED, Outcome, now_rfc3339
 from trainhook.launcher.policy import LaunchSettings, attempt_env, read_settings
-from trainhook.launcher.reach import Backoff, PeerAddress, connect, retry_floor, search_domain
-from trainhook.launcher.process import EXIT_NOT_FOUND, FORWARDED, Training, reap_exited, run_command
+from trainhook.launcher.process import FORWARDED, Training, reap_exited, run_command
 from trainhook.launcher.speak import speaker
 
 if TYPE_CHECKING:  # only rank 0 runs a coordinator: a member's start does not import it (issue 26)
@@ -58,148 +54,8 @@ if TYPE_CHECKING:  # only rank 0 runs a coordinator: a member's start does not i
 
 POLL = 0.2
 DELIVERY_TIMEOUT = 10.0  # how long rank 0 waits for every member to hear the outcome before it leaves
-# Reconnect backoff (reach.Backoff). Members usually start before rank 0's coordinator listens (or before its name
-# resolves), and every second a member sleeps past that is a second of the gang's start: so the cap starts at half
-# a second, jittered so a large gang's members do not knock in step, and rises with the time waited only when the
-# wait is long (then a few seconds late costs little, and the cluster DNS is not asked twice a second per member).
-LINK_FLOOR = 0.5
-REPORT_EVERY = 30.0
-MARKER = "outcome.json"
-# A missing command as shells and the launcher say it: `exec: torchrun: not found`, `torchrun: command not found`,
-# `command not found: torchrun`.
-MISSING = re.compile(r"(?:^|\s|:)([^\s:]+): (?:command )?not found\s*$|command not found: (\S+)")
-
 
 say = speaker("run")
-
-
-class Link(threading.Thread):
-    """The member's connection to the coordinator, kept up in the background (reconnecting with backoff).
-
-    What arrives goes to the member's event queue as ("directive", body); ("connected",) and ("lost", why)
-    tell it about the connection. `update` sends the member's report (and keeps it for the next join), so the
-    coordinator always ends up with the latest account, whatever was lost on the way."""
-
-    def __init__(self, gang: Gang, settings: LaunchSettings, events: queue.SimpleQueue, report: Report):
-        super().__init__(daemon=True, name="gang-link")
-        self.gang, self.settings, self.events = gang, settings, events
-        self.address = "127.0.0.1" if gang.rank == 0 else gang.peers[0].address
-        # rank 0's name, absolute, resolved once and reused while connects are refused (issue 26: re-resolving its
-        # relative name before every attempt cost a 32-pod gang thousands of DNS queries)
-        self.target = PeerAddress(self.address, None if gang.rank == 0 else search_domain(gang.namespace))
-        self.lock = threading.Lock()
-        self.channel: wire.Channel | None = None
-        self.latest = report.to_dict()
-        self.closing = threading.Event()
-        self.quiet = False  # once the gang is done, losing the coordinator is expected (it may be scaled away)
-        self.last_error = "not tried yet"
-
-    def update(self, report: Report) -> None:
-        with self.lock:
-            self.latest = report.to_dict()
-            if self.channel is not None:
-                try:
-                    self.channel.send({"type": "state", "report": self.latest})
-                except OSError:
-                    pass  # the reader sees the loss; the next join carries this report
-
-    def leave(self, why: str) -> None:
-        """Tell the coordinator this member is leaving an elastic gang (see elastic.py), if connected."""
-        with self.lock:
-            if self.channel is not None:
-                try:
-                    self.channel.send({"type": "leave", "why": why})
-                except OSError:
-                    pass  # the coordinator sees the connection go instead
-
-    def close(self) -> None:
-        self.closing.set()
-        with self.lock:
-            if self.channel is not None:
-                self.channel.close()
-
-    def run(self) -> None:
-        backoff, said, said_at = Backoff(LINK_FLOOR), "", 0.0
-        while not self.closing.is_set():
-            try:
-                channel = self._connect()
-            except (OSError, wire.Refused, ValueError) as e:
-                self.last_error = describe_error(e)
-                now = time.monotonic()
-                if not self.quiet and (self.last_error != said or now - said_at > REPORT_EVERY):
-                    say(f"cannot reach the gang's coordinator (rank 0 at {self.address}:{self.settings.port}) "
-                        f"yet: {self.last_error}; retrying")
-                    said, said_at = self.last_error, now
-                self.closing.wait(backoff.next(retry_floor(e, LINK_FLOOR)))
-                continue
-            backoff, said = Backoff(LINK_FLOOR), ""
-            why = "the connection closed"
-            try:
-                while True:
-                    body = channel.receive()
-                    if body is None:
-                        break
-                    self.events.put(("directive", body))
-            except wire.Refused as e:
-                why = f"refused a message from the coordinator: {e}"
-                say(why)
-            except OSError as e:
-                why = describe_error(e)
-            with self.lock:
-                self.channel = None
-            channel.close()
-            self.target.lost()  # rank 0's pod may have restarted, with another address
-            if not self.closing.is_set():
-                self.events.put(("lost", why))
-
-    def _connect(self) -> wire.Channel:
-        sock = connect(self.target, self.settings.port, wire.GREETING_TIMEOUT)
-        try:
-            sock.settimeout(wire.GREETING_TIMEOUT)
-            nonce = wire.new_nonce()
-            wire.send_plain(sock, wire.member_greeting(self.gang.namespace, self.gang.job_name, self.gang.rank,
-                                                       nonce))
-            reader = wire.LineReader(sock)
-            answer = reader.read()
-            if answer is None:
-                raise ConnectionError("the coordinator closed the connection")
-            if "error" in answer or not isinstance(answer.get("nonce"), str):
-                raise wire.Refused(str(answer.get("error") or "no nonce in the coordinator's greeting"))
-            channel = wire.Channel(sock, reader, self.settings.key, "member", answer["nonce"], nonce)
-            with self.lock:
-                joined = self.latest
-                channel.send({"type": "join", "rank": self.gang.rank, "report": joined})
-            welcome = channel.receive()  # signed: proves the coordinator holds the gang's token
-            if welcome is None:
-                raise ConnectionError("the coordinator closed the connection (did it refuse us? see its log)")
-            # A gang already done answers a (re)joining member with its outcome instead of a welcome: that is
-            # the member's directive too (it ends as the gang did), not a refusal to retry until the deadline.
-            if welcome.get("type") not in ("welcome", "done"):
-                raise wire.Refused(f"expected a welcome, got {str(welcome)[:120]}")
-            sock.settimeout(None)
-            set_keepalive(sock)
-            with self.lock:
-                self.channel = channel
-                if self.latest != joined:
-                    channel.send({"type": "state", "report": self.latest})
-        except BaseException:
-            sock.close()
-            raise
-        self.events.put(("connected",))
-        self.events.put(("directive", welcome))
-        return channel
-
-
-def describe_error(error: BaseException) -> str:
-    if isinstance(error, socket.gaierror):
-        return "its address does not resolve"
-    if isinstance(error, ConnectionRefusedError):
-        return "connection refused (its launcher is not listening yet)"
-    if isinstance(error, (socket.timeout, TimeoutError)):
-        return "timed out"
-    if isinstance(error, wire.Refused):
-        return f"refused: {error}"
-    return str(error) or type(error).__name__
 
 
 class MemberLauncher:
@@ -249,12 +105,16 @@ class MemberLauncher:
             f"{settings.policy.on_failure}" + (f" (max {settings.policy.max_restarts} restarts)"
                                                if settings.policy.on_failure == "restart-gang" else "")
             + (f"; active deadline {settings.policy.deadline:g}s" if settings.policy.deadline else ""))
-        known = self.read_marker()
+        known = ending.read_marker(self.settings, self.gang, say)
         if gang.rank == 0:
-            known = known or self.recorded_outcome()
+            known = known or ending.recorded_outcome(self.notary, self.settings, say)
             from trainhook.launcher.coordinator import Coordinator  # rank 0's alone: members never import it
-            self.coordinator = Coordinator(gang, settings.policy, settings.key, settings.port,
-                                           notify=self.emit_event)
+            notary = self.notary  # the gang's restarts become Events, sent on a thread of their own
+
+            def notify(type_: str, reason: str, message: str) -> None:
+                identity.emit_in_background(notary, type_, reason, message, log=say)
+
+            self.coordinator = Coordinator(gang, settings.policy, settings.key, settings.port, notify=notify)
             try:
                 self.coordinator.start()
             except OSError as e:
@@ -358,7 +218,7 @@ class MemberLauncher:
                 say(f"ignored a malformed outcome from the coordinator: {e}")
                 return None
             say(self.outcome.summary())
-            self.write_marker()
+            ending.write_marker(self.settings, self.gang, self.outcome, say)
             if self.training is None:
                 return self.finalize()
             if self.outcome.succeeded and not self.stopping:
@@ -372,7 +232,8 @@ class MemberLauncher:
 
     def exited(self, attempt: int, code: int) -> int | None:
         if self.training is not None:  # its last lines go with its exit report (kept with a failed outcome)
-            self.report.tail, self.report.cause = self.training.tail(), command_missing(code, self.training.tail())
+            tail = self.training.tail()
+            self.report.tail, self.report.cause = tail, failure_cause.command_missing(code, tail)
             if code and not self.stopping:  # what torchrun's exit 1 hides: a worker's signal, a lost peer
                 code = self.judge(code, self.report.tail)
         self.training, self.last_code = None, code
@@ -503,84 +364,11 @@ class MemberLauncher:
             details["logs"] = {str(rank): tails[rank] for rank in dict.fromkeys((outcome.rank, 0)) if rank in tails}
         return ending.record_outcome(self.gang, self.settings, outcome, say, self.notary, details)
 
-    def recorded_outcome(self) -> Outcome | None:
-        """What the notary recorded for this gang before this launcher started (rank 0: a restarted coordinator
-        learns the outcome from the notary, never from what a member claims)."""
-        if self.notary is None:
-            return None
-        try:
-            outcome = self.notary.recorded_outcome()
-        except identity.NotaryError as e:
-            say(f"could not ask the notary for the gang's recorded outcome ({e}); going on as a new gang")
-            return None
-        if outcome is not None:
-            kind, name = self.settings.workload_kind, self.settings.workload_name
-            say(f"the notary records that the gang is done ({outcome.phase}: {outcome.reason}); to run it again, "
-                f"remove the label and annotation: kubectl label {kind.lower()} {name} trainhook.dev/phase- && "
-                f"kubectl annotate {kind.lower()} {name} trainhook.dev/phase-")
-        return outcome
-
-    def emit_event(self, type_: str, reason: str, message: str) -> None:
-        """Hand an Event to the notary on a thread of its own: best effort, never holding the gang up."""
-        notary = self.notary
-        if notary is None:
-            return
-
-        def send() -> None:
-            try:
-                notary.emit_event(type_, reason, message)
-            except identity.NotaryError as e:
-                say(f"the {reason} Event was not emitted: {e}")
-
-        threading.Thread(target=send, daemon=True, name="notary-event").start()
-
-    # --- files: the outcome marker and the local runner's status --------------------------------------------
-    def read_marker(self) -> Outcome | None:
-        if not self.settings.state_dir:
-            return None
-        path = Path(self.settings.state_dir) / MARKER
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            say(f"ignored the outcome marker {path}: {e}")
-            return None
-        if (data.get("namespace"), data.get("job")) != (self.gang.namespace, self.gang.job_name):
-            return None
-        try:
-            outcome = Outcome.from_dict(data.get("outcome") or {})
-        except ValueError as e:
-            say(f"ignored the outcome marker {path}: {e}")
-            return None
-        say(f"{path} records that the gang is done ({outcome.phase})")
-        return outcome
-
-    def write_marker(self) -> None:
-        if not self.settings.state_dir or self.outcome is None:
-            return
-        data = {"namespace": self.gang.namespace, "job": self.gang.job_name, "outcome": self.outcome.to_dict()}
-        try:
-            ending.write_atomically(Path(self.settings.state_dir) / MARKER, data)
-        except OSError as e:
-            say(f"cannot write the outcome marker in {self.settings.state_dir}: {e}")
-
+    # --- the local runner's status -------------------------------------------------------------------------
     def status(self, state: str) -> None:
         """The launcher's state for `trainhook local` (TRAINHOOK_LOCAL_STATUS); nothing in a cluster."""
         ending.write_local_status(self.settings, ending.status_document(
             self.gang, state, self.outcome, self.report.attempt, self.last_code), say)
-
-
-def command_missing(code: int, tail: str) -> str:
-    """`command not found: NAME` when the training exited 127 and its last lines say a command was not found (a
-    shell's `exec: torchrun: not found`, bash's `torchrun: command not found`), so the outcome names it."""
-    if code != EXIT_NOT_FOUND:
-        return ""
-    for line in reversed(tail.splitlines()[-5:]):
-        found = MISSING.search(line)
-        if found:
-            return f"command not found: {found.group(1) or found.group(2)}"[:200]
-    return ""
 
 
 def run_gang(argv: Sequence[str], env: Mapping[str, str]) -> int:

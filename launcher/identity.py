@@ -23,6 +23,7 @@ import json
 import random
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from typing import Callable, Mapping
@@ -200,3 +201,18 @@ def from_settings(settings: LaunchSettings) -> Notary | None:
     if not settings.notary_url:
         return None
     return Notary(settings.notary_url, settings.notary_ca, settings.identity_token)
+
+
+def emit_in_background(notary: Notary | None, type_: str, reason: str, message: str, log=say) -> None:
+    """Hand an Event to the notary on a thread of its own: best effort, never holding the gang up (the
+    coordinator's gang restarts, through gang_run)."""
+    if notary is None:
+        return
+
+    def send() -> None:
+        try:
+            notary.emit_event(type_, reason, message)
+        except NotaryError as e:
+            log(f"the {reason} Event was not emitted: {e}")
+
+    threading.Thread(target=send, daemon=True, name="notary-event").start()

@@ -15,7 +15,7 @@ from trainhook.launcher import pending
 from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_report import Report
 from trainhook.launcher.gang import parse_gang
-from trainhook.launcher.gang_run import Link
+from trainhook.launcher.gang_link import Link
 from trainhook.launcher.policy import Policy, read_settings
 
 TRICKLERS = 400

@@ -18,7 +18,7 @@ from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
-from trainhook.launcher.gang_run import Link
+from trainhook.launcher.gang_link import Link
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED
 from trainhook.launcher.policy import RESTART_GANG, TORCH_DISABLE_SHARED_STORE, Policy, attempt_env, read_settings
 from trainhook.launcher.wait import elastic_wait_view

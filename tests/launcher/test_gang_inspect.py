@@ -20,7 +20,7 @@ from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import EXITED, STOPPED, Report
 from trainhook.launcher.gang import Gang, Peer
 from trainhook.launcher.gang_report import MAX_TAIL
-from trainhook.launcher.gang_run import command_missing
+from trainhook.launcher.failure_cause import command_missing
 from trainhook.launcher.policy import Policy
 from trainhook.webhook.notary_records import (MAX_LINES, MAX_LINES_BYTES, BadBody, parse_outcome, rank_pods,
                                               record_patch)

@@ -19,7 +19,7 @@ from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
-from trainhook.launcher.gang_run import Link
+from trainhook.launcher.gang_link import Link
 from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, SUCCEEDED, Outcome
 from trainhook.launcher.policy import FAIL_GANG, RESTART_GANG, Policy, attempt_env, read_settings
 

@@ -1,5 +1,5 @@
 """launcher/reach.py: a peer's name is asked once and its address reused while connects are refused, asked again
-when the address may be stale; the launcher's connection to the coordinator (gang_run.Link) and the tcp gang wait
+when the address may be stale; the launcher's connection to the coordinator (gang_link.Link) and the tcp gang wait
 use it (issue 26: a 32-pod gang's members asked rank 0's name 3,342 times, once before every connect attempt).
 
 Real sockets and a real coordinator on loopback; the lookup is a counting function standing in for the cluster
@@ -18,7 +18,7 @@ from trainhook.launcher import reach
 from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_report import Report
 from trainhook.launcher.gang import parse_gang
-from trainhook.launcher.gang_run import Link
+from trainhook.launcher.gang_link import Link
 from trainhook.launcher.policy import Policy, read_settings
 
 
