@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # them share a node's 2 cores).
 
 EXIT_USAGE = 2
-PASSTHROUGH = ("run", "torchrun")  # subcommands whose arguments belong to the command they start
+PASSTHROUGH: tuple[str, ...] = ("run", "torchrun")  # subcommands whose arguments belong to the command they start
 # The MPI commands pass everything through too: mpirun's flags, the worker's service, and the ssh-style
 # options mpirun gives its rsh agent (`-o ConnectionAttempts=10 HOST ...`).
 PASSTHROUGH += ("mpirun", "mpi-worker", "kubexec")

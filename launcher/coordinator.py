@@ -88,8 +88,10 @@ class Coordinator:
             self.say(line)
         self.state.log.clear()
         events, self.state.events = self.state.events, []
-        for event in events if self.notify is not None else ():
-            self.notify(*event)
+        notify = self.notify
+        if notify is not None:
+            for event in events:
+                notify(*event)
         outbox, self.state.outbox = self.state.outbox, []
         for rank, body in outbox:
             channel = self.channels.get(self.state.records[rank].connection)

@@ -89,9 +89,9 @@ exit 127
 
 # Modules of trainhook.launcher shipped without bytecode (see the module docstring): none is imported by a gang's
 # `run` or `torchrun` start, and together they are 40% of the bytecode's size.
-SOURCE_ONLY = frozenset({"deliver", "kube_api", "kubexec", "mpi_control", "mpi_doorman", "mpi_exec", "mpi_launch",
-                         "mpi_local", "mpi_spawn", "mpi_worker", "outcome_api", "tf_config", "wait", "wait_dns",
-                         "wait_tcp", "wiring"})
+SOURCE_ONLY = frozenset({"deliver", "kube_api", "kube_websocket", "kubexec", "mpi_control", "mpi_doorman",
+                         "mpi_exec", "mpi_launch", "mpi_local", "mpi_spawn", "mpi_worker", "outcome_api", "tf_config",
+                         "wait", "wait_dns", "wait_tcp", "wiring"})
 
 ENTRY_SOURCE = Path(__file__).resolve().parent / "entry" / "trainhook-launch.c"
 # The images' build (images/*.Dockerfile) and compile_entry use these; tests/repo/test_images.py holds them together.
@@ -109,7 +109,7 @@ def is_program(entry: bytes) -> bool:
 def compile_entry(target: Path, compiler: str) -> Path:
     """Compile the entry program into `target` with `compiler`, as the images do; CalledProcessError if it fails."""
     subprocess.run([compiler, *ENTRY_FLAGS, "-o", str(target), str(ENTRY_SOURCE)], check=True,
-                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+                   capture_output=True, timeout=120)
     return target
 
 

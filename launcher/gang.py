@@ -125,6 +125,7 @@ def parse_number(env: Mapping[str, str], name: str, default: float | None, low: 
     text = env.get(name, "").strip()
     if not text:
         if default is None:
+            assert isinstance(problems, EnvProblems), "a required variable needs an EnvProblems"
             problems.missing(name)
         return default
     try:

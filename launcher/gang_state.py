@@ -50,7 +50,7 @@ ASSEMBLING, RUNNING_PHASE, RESTARTING, DONE_PHASE = "assembling", "running", "re
 def deciding_rank(gang: Gang) -> int:
     """The member whose exit 0 ends the gang: the chief or master when the gang has one; else, for TensorFlow,
     worker 0 (a parameter server serves until it is stopped, so it never decides); else rank 0."""
-    first = {}
+    first: dict[str, int] = {}
     for peer in gang.peers:
         first.setdefault(peer.role, peer.rank)
     for role in ("chief", "master"):

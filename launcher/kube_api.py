@@ -3,7 +3,7 @@
 Why not the `kubernetes` package: the launcher is delivered into the user's own training image and runs on
 that image's Python (3.8 or newer), where nothing but the standard library can be assumed (deliver.py). What the
 launcher asks of the API is small: JSON GET and merge-PATCH (outcome_api), and one websocket for the exec API
-(kubexec). This module is that much and no more.
+(kubexec; its framing is kube_websocket.py). This module is that much and no more.
 
 Credentials, in the order the launcher looks for them:
 - in a pod: the ServiceAccount the kubelet mounts (its `token`, re-read for every call because bound tokens
@@ -19,22 +19,20 @@ e.g. `pods "w-0" is forbidden: User "system:serviceaccount:ns:default" cannot ge
 from __future__ import annotations
 
 import base64
-import hashlib
 import http.client
 import json
 import os
 import socket
 import ssl
-import struct
 import tempfile
 from pathlib import Path
 from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
+from trainhook.launcher.kube_websocket import WebSocket, accept_key
+
 TIMEOUT = 10.0
 MERGE_PATCH = "application/merge-patch+json"
-WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
-CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 MAX_HEAD = 65536
 
 
@@ -194,106 +192,6 @@ def dechunk(data: bytes) -> bytes:
     return body
 
 
-# --- websocket framing (pure) ---------------------------------------------------------------------------------
-
-def accept_key(key: str) -> str:
-    return base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
-
-
-def masked(data: bytes, mask: bytes) -> bytes:
-    """XOR with the 4-byte mask, as one big integer (a byte loop is slow for the megabytes stdin may carry)."""
-    if not data:
-        return b""
-    pad = (mask * (len(data) // 4 + 1))[:len(data)]
-    return (int.from_bytes(data, "big") ^ int.from_bytes(pad, "big")).to_bytes(len(data), "big")
-
-
-def encode_frame(opcode: int, payload: bytes, mask: bytes) -> bytes:
-    """One final client frame: clients must mask (RFC 6455 section 5.3)."""
-    n = len(payload)
-    if n < 126:
-        length = bytes([0x80 | n])
-    elif n < 65536:
-        length = bytes([0x80 | 126]) + struct.pack(">H", n)
-    else:
-        length = bytes([0x80 | 127]) + struct.pack(">Q", n)
-    return bytes([0x80 | opcode]) + length + mask + masked(payload, mask)
-
-
-def decode_frame(buffer: bytes) -> tuple[bool, int, bytes, int] | None:
-    """(final, opcode, payload, bytes used) of the first whole frame in `buffer`, or None until it is whole."""
-    if len(buffer) < 2:
-        return None
-    final, opcode, has_mask, n = bool(buffer[0] & 0x80), buffer[0] & 0x0F, bool(buffer[1] & 0x80), buffer[1] & 0x7F
-    start = 2
-    if n >= 126:
-        size = 2 if n == 126 else 8
-        if len(buffer) < 2 + size:
-            return None
-        n = int.from_bytes(buffer[2:2 + size], "big")
-        start += size
-    mask = buffer[start:start + 4] if has_mask else b""
-    start += len(mask)
-    if len(buffer) < start + n or len(mask) < (4 if has_mask else 0):
-        return None
-    payload = buffer[start:start + n]
-    return final, opcode, masked(payload, mask) if has_mask else payload, start + n
-
-
-class WebSocket:
-    """The client end of an open websocket: whole binary messages out (`send`), whole messages in (`receive`
-    after the socket is readable; select() on `fileno()`, and check `pending()` first: TLS may hold bytes that
-    select cannot see). Pings are answered; a close frame or EOF ends it (`closed`)."""
-
-    def __init__(self, sock: ssl.SSLSocket, protocol: str, buffered: bytes = b""):
-        self.sock, self.protocol, self.buffer = sock, protocol, buffered
-        self.fragments: list[bytes] = []
-        self.closed = False
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def pending(self) -> bool:
-        """Whether `receive` has something without waiting: a whole frame buffered here, or bytes in TLS."""
-        return decode_frame(self.buffer) is not None or self.sock.pending() > 0
-
-    def send(self, payload: bytes, opcode: int = BINARY) -> None:
-        self.sock.sendall(encode_frame(opcode, payload, os.urandom(4)))
-
-    def receive(self) -> list[bytes]:
-        """Read what has arrived (one recv; call when readable) and return the messages it completes."""
-        if decode_frame(self.buffer) is None:
-            data = self.sock.recv(65536)
-            if not data:
-                self.closed = True
-            self.buffer += data
-        messages: list[bytes] = []
-        while True:
-            frame = decode_frame(self.buffer)
-            if frame is None:
-                return messages
-            final, opcode, payload, used = frame
-            self.buffer = self.buffer[used:]
-            if opcode == PING:
-                self.send(payload, PONG)
-            elif opcode == CLOSE:
-                self.closed = True
-                return messages
-            elif opcode in (CONTINUATION, TEXT, BINARY):
-                self.fragments.append(payload)
-                if final:
-                    messages.append(b"".join(self.fragments))
-                    self.fragments = []
-
-    def close(self) -> None:
-        try:
-            if not self.closed:
-                self.send(struct.pack(">H", 1000), CLOSE)
-        except OSError:
-            pass
-        self.sock.close()
-
-
 # --- credentials ---------------------------------------------------------------------------------------------
 
 def token_reader(path: Path) -> Callable[[], str]:
@@ -358,8 +256,9 @@ def from_kubeconfig(path: Path) -> Client:
 
     def material(field: str, suffix: str) -> Path | None:
         """A file for `field` (relative to the kubeconfig) or `field-data` (written to a private temp file)."""
-        if cluster.get(f"{field}-data") or user.get(f"{field}-data"):
-            data = base64.b64decode(cluster.get(f"{field}-data") or user.get(f"{field}-data"))
+        encoded = cluster.get(f"{field}-data") or user.get(f"{field}-data")
+        if encoded:
+            data = base64.b64decode(encoded)
             handle, name = tempfile.mkstemp(suffix=suffix)
             with os.fdopen(handle, "wb") as out:
                 out.write(data)

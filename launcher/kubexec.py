@@ -37,12 +37,12 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 from urllib.parse import quote, urlencode
 
 from trainhook import keys
 from trainhook.keys import TH_MPI_TRANSPORT  # defined in keys.py; read from here by mpi_launch too
-from trainhook.launcher import deliver, kube_api, mpi_exec, mpi_local
+from trainhook.launcher import deliver, kube_api, kube_websocket, mpi_exec, mpi_local
 from trainhook.launcher.gang import ConfigError
 from trainhook.launcher.policy import SERVICE_ACCOUNT_DIR
 from trainhook.keys import TH_SERVICE_ACCOUNT_DIR
@@ -226,7 +226,7 @@ def write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def relay(ws: kube_api.WebSocket, stdin: int = 0) -> bytes:
+def relay(ws: kube_websocket.WebSocket, stdin: int = 0) -> bytes:
     """Relay our stdin to the remote command and its stdout and stderr to ours until the server closes the
     stream; returns what arrived on the error channel (the exit Status). One thread, select(): the TLS socket is
     never read and written at once from two threads. At our stdin's end the remote stdin is closed where the
@@ -239,9 +239,10 @@ def relay(ws: kube_api.WebSocket, stdin: int = 0) -> bytes:
         reading = False  # no stdin at all
     while not ws.closed:
         if ws.pending():
-            ready = [ws]
+            ready: list[Any] = [ws]
         else:
-            ready, _, _ = select.select([ws] + ([stdin] if reading else []), [], [])
+            waiting: list[Any] = [ws, stdin] if reading else [ws]  # select() takes both: fileno() and an fd
+            ready, _, _ = select.select(waiting, [], [])
         if stdin in ready:
             data = os.read(stdin, 65536)
             if data:

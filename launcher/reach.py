@@ -98,7 +98,7 @@ def is_ip(address: str) -> bool:
 
 def first_address(name: str) -> str:
     """The first address `name` resolves to for a TCP connection (IPv4 or IPv6); socket.gaierror if none."""
-    return socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
+    return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
 
 
 def stale(error: BaseException) -> bool:

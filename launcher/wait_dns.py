@@ -32,7 +32,8 @@ class Progress:
     """Prints a line when what is missing changes, and every REPORT_EVERY seconds otherwise."""
 
     def __init__(self, what: str, total: int):
-        self.what, self.total, self.last, self.at = what, total, None, 0.0
+        self.what, self.total, self.at = what, total, 0.0
+        self.last: tuple | None = None
 
     def update(self, done: int, missing: list[Peer] | None = None, note: str = "") -> None:
         now = time.monotonic()
@@ -67,7 +68,7 @@ def resolves(address: str) -> bool:
 def addresses_of(name: str) -> set[str]:
     """The distinct addresses `name` resolves to (a headless Service: one per published member); empty if none."""
     try:
-        return {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+        return {str(info[4][0]) for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
     except (OSError, UnicodeError):
         return set()
 

@@ -16,31 +16,31 @@ from pathlib import Path
 import pytest
 
 from exec_double import EXEC_STDOUT_TAIL, TOKEN, V4, V5, ExecServer
-from trainhook.launcher import kube_api
+from trainhook.launcher import kube_api, kube_websocket
 
 
 # --- framing ----------------------------------------------------------------------------------------------------
 
 def test_the_accept_key_is_rfc_6455s_example():
-    assert kube_api.accept_key("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    assert kube_websocket.accept_key("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
 
 
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 65535, 65536, 200000])
 def test_a_client_frame_is_masked_and_decodes_to_its_payload_at_every_length_form(size):
     payload = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
-    frame = kube_api.encode_frame(kube_api.BINARY, payload, b"\x01\x02\x03\x04")
+    frame = kube_websocket.encode_frame(kube_websocket.BINARY, payload, b"\x01\x02\x03\x04")
     assert frame[0] == 0x82 and frame[1] & 0x80  # final, binary; masked, as a client must
-    assert kube_api.decode_frame(frame) == (True, kube_api.BINARY, payload, len(frame))
-    assert kube_api.decode_frame(frame[:-1] if size else frame[:1]) is None  # not whole yet
+    assert kube_websocket.decode_frame(frame) == (True, kube_websocket.BINARY, payload, len(frame))
+    assert kube_websocket.decode_frame(frame[:-1] if size else frame[:1]) is None  # not whole yet
     if size >= 4:
         assert frame[-size:] != payload  # the mask was applied on the wire
 
 
 def test_rfc_6455s_unmasked_and_masked_hello():
     """Section 5.7's examples: a single-frame unmasked and masked text message "Hello"."""
-    assert kube_api.decode_frame(bytes.fromhex("810548656c6c6f")) == (True, kube_api.TEXT, b"Hello", 7)
-    assert kube_api.decode_frame(bytes.fromhex("818537fa213d7f9f4d5158")) == (True, kube_api.TEXT, b"Hello", 11)
-    assert kube_api.encode_frame(kube_api.TEXT, b"Hello", bytes.fromhex("37fa213d")) == bytes.fromhex(
+    assert kube_websocket.decode_frame(bytes.fromhex("810548656c6c6f")) == (True, kube_websocket.TEXT, b"Hello", 7)
+    assert kube_websocket.decode_frame(bytes.fromhex("818537fa213d7f9f4d5158")) == (True, kube_websocket.TEXT, b"Hello", 11)
+    assert kube_websocket.encode_frame(kube_websocket.TEXT, b"Hello", bytes.fromhex("37fa213d")) == bytes.fromhex(
         "818537fa213d7f9f4d5158")
 
 
