@@ -14,7 +14,7 @@ import time
 from typing import Callable
 
 from trainhook.launcher import gang_protocol as wire
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang_report import Report
 from trainhook.launcher.gang_state import GangState
@@ -32,7 +32,7 @@ class Coordinator:
     """GangState behind a TCP server. All state changes happen under one lock, and the messages they produce
     are sent before it is released, so every member sees them in the order they were decided."""
 
-    def __init__(self, gang: Gang, policy: Policy, key: bytes, port: int,
+    def __init__(self, gang: GangView, policy: Policy, key: bytes, port: int,
                  log: Callable[[str], None] = say, clock: Callable[[], float] = time.time,
                  notify: Callable[[str, str, str], None] | None = None):
         """`key`: the gang's signing key (from the notary); `notify(type, reason, message)`: hands an Event to

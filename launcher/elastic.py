@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Protocol, Tuple
 
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 from trainhook.launcher.gang_report import IDLE, RUNNING, Record, Report
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED, FAILED, Outcome, now_rfc3339
 from trainhook.launcher.policy import Policy
@@ -35,7 +35,7 @@ class ElasticState(Protocol):
     """What these rules read and change of the coordinator's state (gang_state.GangState): declared here, so
     this module never imports the coordinator, which imports it (tests/launcher/test_launcher_imports.py: no cycle)."""
 
-    gang: Gang
+    gang: GangView
     policy: Policy
     phase: str
     attempt: int

@@ -21,7 +21,7 @@ from typing import Callable
 
 from trainhook import keys
 from trainhook.launcher import identity
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 from trainhook.launcher.outcome import FAILED, SUCCEEDED, Outcome, now_rfc3339
 from trainhook.launcher.policy import LaunchSettings
 from trainhook.launcher.process import reap_exited
@@ -35,7 +35,7 @@ RECORD_DEADLINE = 20.0  # how long the coordinator keeps trying the notary at th
 say = speaker()
 
 
-def record_outcome(gang: Gang, settings: LaunchSettings, outcome: Outcome, log=say,
+def record_outcome(gang: GangView, settings: LaunchSettings, outcome: Outcome, log=say,
                    notary: identity.Notary | None = None, details: dict | None = None) -> str:
     """The coordinator records the outcome through the notary (which also stops a StatefulSet and emits the
     Event); the other members leave it to it. Returns what happened, in words, for the exit or parking message.
@@ -94,7 +94,7 @@ def write_atomically(path: Path, data: dict) -> None:
     os.replace(temporary, path)
 
 
-def read_marker(settings: LaunchSettings, gang: Gang, log=say) -> Outcome | None:
+def read_marker(settings: LaunchSettings, gang: GangView, log=say) -> Outcome | None:
     """The outcome this pod's outcome marker records (TRAINHOOK_STATE_DIR, an emptyDir outlives container restarts),
     if it is this gang's: so a restarted container never reruns finished training."""
     if not settings.state_dir:
@@ -118,7 +118,7 @@ def read_marker(settings: LaunchSettings, gang: Gang, log=say) -> Outcome | None
     return outcome
 
 
-def write_marker(settings: LaunchSettings, gang: Gang, outcome: Outcome | None, log=say) -> None:
+def write_marker(settings: LaunchSettings, gang: GangView, outcome: Outcome | None, log=say) -> None:
     """Keep the outcome in this pod's outcome marker (read_marker), when there is a state directory."""
     if not settings.state_dir or outcome is None:
         return
@@ -139,7 +139,7 @@ def write_local_status(settings: LaunchSettings, data: dict, log=say) -> None:
         log(f"cannot write the local status file {settings.local_status}: {e}")
 
 
-def status_document(gang: Gang, state: str, outcome: Outcome | None, attempt: int = 1,
+def status_document(gang: GangView, state: str, outcome: Outcome | None, attempt: int = 1,
                     training_code: int | None = None) -> dict:
     return {"pid": os.getpid(), "state": state, "namespace": gang.namespace, "job": gang.job_name,
             "rank": gang.rank, "attempt": attempt, "training_code": training_code,
@@ -191,7 +191,7 @@ def exit_or_park(settings: LaunchSettings, code: int, recorded: str, status: Cal
     return code
 
 
-def end_member(gang: Gang, settings: LaunchSettings, outcome: Outcome, code: int, log=say,
+def end_member(gang: GangView, settings: LaunchSettings, outcome: Outcome, code: int, log=say,
                training_code: int | None = None) -> int:
     """Record (the coordinator only), then exit with `code`, or park where the container would be rerun."""
     recorded = record_outcome(gang, settings, outcome, log)

@@ -2,7 +2,7 @@
 
 The launcher makes no API call: everything it needs to find its peers is in its own environment, so it works
 the same under any RBAC and in the gang-wait init container before the pod has a service account token.
-Parsing is pure (a mapping in, a frozen `Gang` out) and reports every bad variable at once, each by name, so
+Parsing is pure (a mapping in, a frozen `GangView` out) and reports every bad variable at once, each by name, so
 someone debugging a hand-written pod (or a webhook bug) sees the whole problem in one line.
 """
 
@@ -43,7 +43,7 @@ class Peer:
 
 
 @dataclass(frozen=True)
-class Gang:
+class GangView:
     """The whole gang as this pod sees it; `peers` is every member (this pod included) in global rank order."""
 
     framework: str
@@ -185,7 +185,7 @@ def elastic_shape(shape: Shape, elastic: tuple[int, int]) -> Shape:
     return model.elastic_shape(shape, shape.roles[-1], elastic)
 
 
-def parse_gang(env: Mapping[str, str]) -> Gang:
+def parse_gang(env: Mapping[str, str]) -> GangView:
     """Read the gang from the TRAINHOOK_* variables; raise ConfigError listing every missing or bad one."""
     problems = EnvProblems()
 
@@ -245,7 +245,7 @@ def parse_gang(env: Mapping[str, str]) -> Gang:
     assert shape is not None and index is not None and port is not None and wait_port is not None
     peers = build_peers(shape, hosts, subdomain)
     address = env.get(keys.TH_ADDRESS, "").strip() or peers[rank].address
-    return Gang(framework=framework, job_name=job_name, namespace=namespace, role=role, index=int(index),
+    return GangView(framework=framework, job_name=job_name, namespace=namespace, role=role, index=int(index),
                 rank=rank, peers=peers, subdomain=subdomain, address=address, port=int(port),
                 gang_wait=gang_wait, gang_wait_port=int(wait_port), wait_timeout=float(timeout or 0.0),
                 elastic=elastic)

@@ -13,7 +13,7 @@ import threading
 import time
 
 from trainhook.launcher import gang_protocol as wire
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang_report import Report
 from trainhook.launcher.policy import LaunchSettings
@@ -37,7 +37,7 @@ class Link(threading.Thread):
     tell it about the connection. `update` sends the member's report (and keeps it for the next join), so the
     coordinator always ends up with the latest account, whatever was lost on the way."""
 
-    def __init__(self, gang: Gang, settings: LaunchSettings, events: queue.SimpleQueue, report: Report):
+    def __init__(self, gang: GangView, settings: LaunchSettings, events: queue.SimpleQueue, report: Report):
         super().__init__(daemon=True, name="gang-link")
         self.gang, self.settings, self.events = gang, settings, events
         self.address = "127.0.0.1" if gang.rank == 0 else gang.peers[0].address

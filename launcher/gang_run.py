@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainhook import keys
 from trainhook.launcher import ending, failure_cause, identity
-from trainhook.launcher.gang import ConfigError, Gang, parse_gang
+from trainhook.launcher.gang import ConfigError, GangView, parse_gang
 from trainhook.launcher.gang_link import Link
 from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED, Outcome, now_rfc3339
@@ -61,7 +61,7 @@ say = speaker("run")
 class MemberLauncher:
     """One member's launcher: the event loop around its training."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: Gang, settings: LaunchSettings,
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: GangView, settings: LaunchSettings,
                  notary: identity.Notary | None = None):
         self.argv, self.env, self.gang, self.settings = list(argv), dict(env), gang, settings
         self.notary = notary

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from trainhook.launcher import elastic
 from trainhook.launcher.failure_rules import LOST_PEER, describe_code
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 from trainhook.launcher.gang_report import DONE, EXITED, IDLE, RUNNING, STOPPED, Record, Report
 from trainhook.launcher.outcome import (EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED, FAILED, SUCCEEDED, Outcome,
                                         now_rfc3339)
@@ -47,7 +47,7 @@ from trainhook.launcher.reach import describe
 ASSEMBLING, RUNNING_PHASE, RESTARTING, DONE_PHASE = "assembling", "running", "restarting", "done"
 
 
-def deciding_rank(gang: Gang) -> int:
+def deciding_rank(gang: GangView) -> int:
     """The member whose exit 0 ends the gang: the chief or master when the gang has one; else, for TensorFlow,
     worker 0 (a parameter server serves until it is stopped, so it never decides); else rank 0."""
     first: dict[str, int] = {}
@@ -63,7 +63,7 @@ def deciding_rank(gang: Gang) -> int:
 
 @dataclass
 class GangState:
-    gang: Gang
+    gang: GangView
     policy: Policy
     now: float  # wall-clock time of creation (the first barrier starts here)
     phase: str = ASSEMBLING

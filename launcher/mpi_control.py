@@ -46,7 +46,7 @@ from pathlib import PurePosixPath
 from typing import Mapping
 
 from trainhook import keys
-from trainhook.launcher.gang import Gang, Peer
+from trainhook.launcher.gang import GangView, Peer
 from trainhook.launcher.gang_protocol import json_object, set_keepalive
 
 PROTOCOL = "trainhook-mpi/1"
@@ -72,7 +72,7 @@ class Refused(ControlError):
     """The worker answered and said no: waiting longer will not change it."""
 
 
-def control_port(gang: Gang) -> int:
+def control_port(gang: GangView) -> int:
     """The gang's port (TRAINHOOK_PORT), or CONTROL_PORT when it is 0."""
     return gang.port or CONTROL_PORT
 
@@ -187,18 +187,18 @@ def check_setup(setup: Setup) -> str:
     return ""
 
 
-def hello(gang: Gang, token: bytes, worker_challenge: str, own_challenge: str, setup: Setup) -> dict:
+def hello(gang: GangView, token: bytes, worker_challenge: str, own_challenge: str, setup: Setup) -> dict:
     return {"protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
             "proof": proof(token, "launcher", worker_challenge), "challenge": own_challenge,
             "transport": setup.transport, "agent": setup.agent, "run_dir": setup.run_dir}
 
 
-def spawn_hello(gang: Gang, token: bytes, worker_challenge: str, own_challenge: str, command: str) -> dict:
+def spawn_hello(gang: GangView, token: bytes, worker_challenge: str, own_challenge: str, command: str) -> dict:
     return {"protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
             "proof": proof(token, "launcher", worker_challenge), "challenge": own_challenge, "spawn": command}
 
 
-def authenticate(gang: Gang, token: bytes, sent_challenge: str, message: dict | None) -> str:
+def authenticate(gang: GangView, token: bytes, sent_challenge: str, message: dict | None) -> str:
     """'' when `message` is a hello from a holder of this gang's key, else why it is refused."""
     if not message or message.get("protocol") != PROTOCOL:
         return "not a trainhook MPI launcher"
@@ -210,7 +210,7 @@ def authenticate(gang: Gang, token: bytes, sent_challenge: str, message: dict | 
     return ""
 
 
-def judge_hello(gang: Gang, token: bytes, sent_challenge: str, message: dict | None) -> tuple[str, Setup | None]:
+def judge_hello(gang: GangView, token: bytes, sent_challenge: str, message: dict | None) -> tuple[str, Setup | None]:
     """('', setup) for a control hello from this gang's launcher, else (why it is refused, None)."""
     refusal = authenticate(gang, token, sent_challenge, message)
     if refusal or message is None:
@@ -281,7 +281,7 @@ class WorkerLink:
         self.channel.close()
 
 
-def connect(gang: Gang, peer: Peer, port: int, token: bytes, setup: Setup, timeout: float = 3.0) -> WorkerLink:
+def connect(gang: GangView, peer: Peer, port: int, token: bytes, setup: Setup, timeout: float = 3.0) -> WorkerLink:
     """Open the control connection to one worker, authenticated both ways; raises OSError or ControlError."""
     channel = open_channel(peer.address, port, timeout)
     try:
@@ -297,7 +297,7 @@ def connect(gang: Gang, peer: Peer, port: int, token: bytes, setup: Setup, timeo
         raise
 
 
-def connect_spawn(gang: Gang, address: str, port: int, token: bytes, command: str,
+def connect_spawn(gang: GangView, address: str, port: int, token: bytes, command: str,
                   timeout: float = 3.0) -> LineSocket:
     """A spawn connection to the worker at `address`, authenticated both ways and accepted; what follows on it is
     mpi_exec's frames. Raises OSError or ControlError (Refused when the worker said no)."""

@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 
 from trainhook.launcher import kubexec
 from trainhook.launcher import mpi_control as control
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 from trainhook.launcher.mpi_spawn import Children, run_spawn
 
 HANDSHAKE_DEADLINE = control.HELLO_TIMEOUT
@@ -71,7 +71,7 @@ class Throttled:
 class Doorman:
     """Authenticates incoming connections and hands the main loop the first launcher; serves spawns after it."""
 
-    def __init__(self, gang: Gang, slots: int, token: bytes, say: Callable[[str], None],
+    def __init__(self, gang: GangView, slots: int, token: bytes, say: Callable[[str], None],
                  children: Children | None = None, env: Mapping[str, str] | None = None):
         self.gang, self.slots, self.token, self.say = gang, slots, token, say
         self.children = children or Children()

@@ -44,7 +44,7 @@ import threading
 from pathlib import Path
 
 from trainhook.launcher import mpi_control as control
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 
 HEADER = struct.Struct("!BI")
 MAX_FRAME = 65536
@@ -104,7 +104,7 @@ class FrameReader:
 class Doorway:
     """The unix socket the launcher serves its agents on, for as long as mpirun runs (`with Doorway(...)`)."""
 
-    def __init__(self, gang: Gang, key: bytes, port: int, path: Path, say=print):
+    def __init__(self, gang: GangView, key: bytes, port: int, path: Path, say=print):
         self.gang, self.key, self.port, self.path, self.say = gang, key, port, path, say
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT_DIALS)
         self.server: socket.socket | None = None

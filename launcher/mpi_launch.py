@@ -44,7 +44,7 @@ from trainhook.launcher import kubexec as kubexec_module
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_exec, mpi_worker
 from trainhook.launcher import wiring as mpi
-from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
+from trainhook.launcher.gang import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.policy import read_settings
 from trainhook.launcher.process import SignalForwarder, exit_code, returncode, wait_for
 from trainhook.launcher.reach import describe
@@ -73,7 +73,7 @@ MPI_BINARIES = {mpi.OPENMPI: ("mpirun.openmpi", "mpirun"), mpi.MPICH: ("mpiexec.
 say = speaker("mpirun")
 
 
-def shape_of(gang: Gang) -> Shape:
+def shape_of(gang: GangView) -> Shape:
     counts: dict[str, int] = {}
     for peer in gang.peers:
         counts[peer.role] = counts.get(peer.role, 0) + 1
@@ -149,7 +149,7 @@ def build_command(cmd: Sequence[str], implementation: str, total_slots: int, add
     return [find_binary(implementation, path), *extras, *count, *cmd]
 
 
-def reach_workers(gang: Gang, workers: Sequence[Peer], port: int, timeout: float,
+def reach_workers(gang: GangView, workers: Sequence[Peer], port: int, timeout: float,
                   token: bytes, setup: control.Setup) -> tuple[dict[int, control.WorkerLink], dict[int, str]]:
     """Connect to every worker, retrying until the deadline or a refusal; (links by rank, last error by missing
     rank)."""
@@ -262,7 +262,7 @@ def tell_workers(links: Sequence[control.WorkerLink], code: int, why_text: str) 
         link.wait_bye(timeout=5.0)
 
 
-def launch(gang: Gang, env: Mapping[str, str], cmd: Sequence[str]) -> int:
+def launch(gang: GangView, env: Mapping[str, str], cmd: Sequence[str]) -> int:
     if gang.framework != keys.MPI:
         raise ConfigError(f"{keys.TH_FRAMEWORK}={gang.framework!r}: mpirun is for {keys.MPI} gangs "
                           f"(label the workload {keys.FRAMEWORK}={keys.MPI})")
@@ -328,7 +328,7 @@ def launch(gang: Gang, env: Mapping[str, str], cmd: Sequence[str]) -> int:
     return code
 
 
-def end_gang(gang: Gang, env: Mapping[str, str], code: int) -> int:
+def end_gang(gang: GangView, env: Mapping[str, str], code: int) -> int:
     """mpirun has ended (or the launcher told this worker how): the gang is done. Every member ends as `run`'s
     members do (ending.py): the first of each role records the outcome on its workload and scales a StatefulSet
     to zero, and a StatefulSet's pods park instead of exiting, so a finished MPI gang never trains again."""

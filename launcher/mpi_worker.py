@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher.mpi_doorman import Doorman, install_agent  # noqa: F401  (install_agent: re-exported)
 from trainhook.launcher.mpi_spawn import Children
-from trainhook.launcher.gang import ConfigError, Gang
+from trainhook.launcher.gang import ConfigError, GangView
 from trainhook.launcher.process import exit_code
 from trainhook.launcher.reach import listen
 from trainhook.launcher.wiring import TH_MPI_SLOTS
@@ -98,7 +98,7 @@ class Service:
             self.proc.wait()
 
 
-def serve(gang: Gang, env: Mapping[str, str], command: Sequence[str] = ()) -> int:
+def serve(gang: GangView, env: Mapping[str, str], command: Sequence[str] = ()) -> int:
     """Run the worker until its launcher ends; returns the exit code (the launcher's outcome)."""
     port = control.control_port(gang)
     slots = own_slots(env)

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from trainhook import keys
 from trainhook.launcher.failure_rules import FailureRules, RulesError
-from trainhook.launcher.gang import ConfigError, Gang, parse_number
+from trainhook.launcher.gang import ConfigError, GangView, parse_number
 
 ON_FAILURE, ACTIVE_DEADLINE_SECONDS = keys.ON_FAILURE, keys.ACTIVE_DEADLINE_SECONDS
 
@@ -86,7 +86,7 @@ def _number(env: Mapping[str, str], name: str, default: float, problems: list[st
     return default if value is None else float(value)
 
 
-def workload_of(env: Mapping[str, str], gang: Gang) -> tuple[str, str]:
+def workload_of(env: Mapping[str, str], gang: GangView) -> tuple[str, str]:
     """(kind, name) of this pod's workload: TRAINHOOK_WORKLOAD when the webhook injects it; otherwise an Indexed
     Job's pods are known by JOB_COMPLETION_INDEX (set by the Job controller), and anything else is taken for a
     StatefulSet, whose name is the role's hostname prefix (`<sts>-<ordinal>`)."""
@@ -100,7 +100,7 @@ def workload_of(env: Mapping[str, str], gang: Gang) -> tuple[str, str]:
     return "StatefulSet", prefix
 
 
-def read_settings(env: Mapping[str, str], gang: Gang) -> LaunchSettings:
+def read_settings(env: Mapping[str, str], gang: GangView) -> LaunchSettings:
     """The launcher's settings from the environment; ConfigError naming every bad variable."""
     problems: list[str] = []
     on_failure = env.get(keys.TH_ON_FAILURE, "").strip() or FAIL_GANG

@@ -17,14 +17,14 @@ import os
 from typing import Mapping, Sequence
 
 from trainhook import keys
-from trainhook.launcher.gang import ConfigError, Gang, parse_gang, parse_pairs
+from trainhook.launcher.gang import ConfigError, GangView, parse_gang, parse_pairs
 from trainhook.launcher.wiring import cluster_spec, tf_config
 
 NO_CLUSTER = "{}"
 
 
 
-def gang_tf_config(gang: Gang, roles: Sequence[str] = ()) -> str:
+def gang_tf_config(gang: GangView, roles: Sequence[str] = ()) -> str:
     """The pod's TF_CONFIG, or `{}` for a gang of one; pure (a parsed gang in, a string out).
 
     `roles` are the roles named in the shape: one listed with count 0 is still an (empty) job of the cluster,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 from trainhook.launcher.reach import LISTED, Backoff, describe, listen, qualified, search_domain
 from trainhook.launcher.wait_dns import say, wait_dns
 from trainhook.launcher.wait_tcp import wait_tcp
@@ -46,7 +46,7 @@ __all__ = ["Backoff", "describe", "listen", "qualified", "search_domain", "wait"
 EXIT_FAILED = 1  # the gang did not assemble in time (the message names who), or the barrier port is taken
 
 
-def elastic_wait_view(gang: Gang) -> Gang:
+def elastic_wait_view(gang: GangView) -> GangView:
     """What an elastic gang's pod waits for: its first `min` members (the ones any size within min..max has),
     never all `max` it may grow to, which would not exist. A member beyond `min` (added by a scale-up, after the
     first members' init containers are done) cannot run the tcp barrier, nobody would answer it: it waits for
@@ -60,7 +60,7 @@ def elastic_wait_view(gang: Gang) -> Gang:
     return replace(gang, peers=first, gang_wait=mode, elastic=None)
 
 
-def wait(gang: Gang) -> int:
+def wait(gang: GangView) -> int:
     """The `wait` command: 0 when the gang is assembled, EXIT_FAILED (and a message naming who) otherwise."""
     if gang.gang_wait == "none":
         say("gang wait is off (none); not waiting")

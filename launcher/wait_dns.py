@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from trainhook.launcher.gang import Gang, Peer
+from trainhook.launcher.gang import GangView, Peer
 from trainhook.launcher.reach import Backoff, describe, qualified, search_domain
 from trainhook.launcher.speak import speaker
 
@@ -104,7 +104,7 @@ def count_of(name: str, timeout: float, count: Callable[[str], set[str]] = addre
         return 0
 
 
-def targets(gang: Gang) -> list[Peer]:
+def targets(gang: GangView) -> list[Peer]:
     """What a member's dns wait resolves: its own address, then rank 0's (rank 0 waits for the whole gang)."""
     return [gang.me] + ([gang.peers[0]] if gang.rank != 0 else [])
 
@@ -125,7 +125,7 @@ def wait_names(peers: list[Peer], deadline: float, floor: float, progress: Progr
         time.sleep(min(backoff.next(), left))
 
 
-def wait_gathering(gang: Gang, deadline: float, resolve: Callable[[str], bool] = resolves,
+def wait_gathering(gang: GangView, deadline: float, resolve: Callable[[str], bool] = resolves,
                    count: Callable[[str], set[str]] = addresses_of, domain: str | None = None) -> list[Peer]:
     """Rank 0's dns wait: until every member's address resolves, in O(1) queries per poll.
 
@@ -154,7 +154,7 @@ def wait_gathering(gang: Gang, deadline: float, resolve: Callable[[str], bool] =
         time.sleep(min(backoff.next(), left))
 
 
-def wait_dns(gang: Gang, timeout: float) -> Result:
+def wait_dns(gang: GangView, timeout: float) -> Result:
     deadline = time.monotonic() + timeout
     domain = search_domain(gang.namespace)
     if gang.rank == 0:

@@ -11,19 +11,19 @@ import selectors
 import socket
 import time
 
-from trainhook.launcher.gang import Gang
+from trainhook.launcher.gang import GangView
 from trainhook.launcher.reach import LISTED, Backoff, PeerAddress, connect, describe, listen, retry_floor, search_domain
 from trainhook.launcher.wait_dns import CONNECT_TIMEOUT, MEMBER_FLOOR, REPORT_EVERY, Progress, Result, say, wait_names
 
 PROTOCOL = "trainhook-gang/2"  # /1 was the symmetric all-to-all barrier; a /1 hello is refused by name
 
 
-def hello(gang: Gang) -> bytes:
+def hello(gang: GangView) -> bytes:
     """The line a member sends rank 0: gang identity first, so a stray connection from another gang is refused."""
     return f"{PROTOCOL} {gang.namespace} {gang.job_name} {gang.rank}\n".encode()
 
 
-def answer(gang: Gang, line: str) -> tuple[int | None, str]:
+def answer(gang: GangView, line: str) -> tuple[int | None, str]:
     """Rank 0 judges a hello: (the member's rank, our reply) for our gang, (None, refusal) for anything else."""
     parts = line.split()
     if len(parts) != 4 or not parts[0].startswith("trainhook-gang/"):
@@ -68,7 +68,7 @@ class Gathering:
     its previous connection. When every member counts, each is sent `go`; a send that fails drops that member
     (it reconnects) and the gathering goes on."""
 
-    def __init__(self, gang: Gang, server: socket.socket):
+    def __init__(self, gang: GangView, server: socket.socket):
         self.gang, self.server = gang, server
         self.selector = selectors.DefaultSelector()
         self.members: dict[int, socket.socket] = {}
@@ -228,7 +228,7 @@ class Lines:
         return line.decode("utf-8", "replace").strip()
 
 
-def join_gathering(gang: Gang, deadline: float) -> Result:
+def join_gathering(gang: GangView, deadline: float) -> Result:
     """A member's side of the tcp barrier: connect to rank 0's wait and stay until it says `go`."""
     rank0 = gang.peers[0]
     target = PeerAddress(rank0.address, search_domain(gang.namespace))  # asked once, not before every connect
@@ -279,7 +279,7 @@ def join_gathering(gang: Gang, deadline: float) -> Result:
     return Result([rank0], {rank0.rank: f"cannot reach it: {error}"})
 
 
-def wait_tcp(gang: Gang, timeout: float) -> Result:
+def wait_tcp(gang: GangView, timeout: float) -> Result:
     """The star barrier (rank 0 gathers; raises OSError when rank 0 cannot listen on the port)."""
     deadline = time.monotonic() + timeout
     if not gang.others:

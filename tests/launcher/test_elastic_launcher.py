@@ -17,7 +17,7 @@ from trainhook import keys
 from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import EXITED, RUNNING, STOPPED, Report
-from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
+from trainhook.launcher.gang import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.gang_link import Link
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED
 from trainhook.launcher.policy import RESTART_GANG, TORCH_DISABLE_SHARED_STORE, Policy, attempt_env, read_settings
@@ -79,9 +79,9 @@ def test_the_gang_wait_waits_for_the_first_min_members_and_a_late_member_resolve
 
 # --- the coordinator's rules (pure) ---------------------------------------------------------------------------
 
-def gang(rank: int = 0, size: int = 4, elastic: tuple[int, int] | None = (2, 4)) -> Gang:
+def gang(rank: int = 0, size: int = 4, elastic: tuple[int, int] | None = (2, 4)) -> GangView:
     peers = tuple(Peer("worker", i, i, "127.0.0.1" if i == 0 else f"el-{i}.el") for i in range(size))
-    return Gang(framework="pytorch", job_name="el", namespace="ns", role="worker", index=rank, rank=rank,
+    return GangView(framework="pytorch", job_name="el", namespace="ns", role="worker", index=rank, rank=rank,
                 peers=peers, subdomain="el", address=peers[rank].address, port=23456, gang_wait="dns",
                 gang_wait_port=29499, wait_timeout=600.0, elastic=elastic)
 
@@ -237,7 +237,7 @@ def test_over_tcp_a_member_leaves_and_another_joins_the_running_attempt():
 
         def link(rank: int) -> queue.SimpleQueue:
             events: queue.SimpleQueue = queue.SimpleQueue()
-            member = Gang(**{**gang(rank).__dict__, "peers": tuple(local)})
+            member = GangView(**{**gang(rank).__dict__, "peers": tuple(local)})
             links[rank] = Link(member, settings, events, Report())
             links[rank].start()
             return events

@@ -22,7 +22,7 @@ from trainhook.launcher import failure_cause
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import EXITED, STOPPED, Report
 from trainhook.launcher.failure_rules import DEFAULT_TEXT, FailureRules, RulesError, parse
-from trainhook.launcher.gang import ConfigError, Gang, Peer
+from trainhook.launcher.gang import ConfigError, GangView, Peer
 from trainhook.launcher.policy import RESTART_GANG, Policy, read_settings
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -86,7 +86,7 @@ def test_malformed_rules_are_refused_saying_what_is_wrong(text, message):
 
 def gang_state(rules: str = "", settle: float = 3.0, size: int = 3) -> GangState:
     peers = tuple(Peer("worker", i, i, f"w-{i}.g") for i in range(size))
-    gang = Gang(framework="pytorch", job_name="g", namespace="ns", role="worker", index=0, rank=0, peers=peers,
+    gang = GangView(framework="pytorch", job_name="g", namespace="ns", role="worker", index=0, rank=0, peers=peers,
                 subdomain="g", address=peers[0].address, port=23456, gang_wait="dns", gang_wait_port=29499,
                 wait_timeout=600.0)
     state = GangState(gang, Policy(RESTART_GANG, 3, rules=FailureRules.from_text(rules), settle=settle), now=1000.0)

@@ -18,7 +18,7 @@ from trainhook import keys
 from trainhook.cluster.status import format_list, format_status, gang_state, kept_lines
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import EXITED, STOPPED, Report
-from trainhook.launcher.gang import Gang, Peer
+from trainhook.launcher.gang import GangView, Peer
 from trainhook.launcher.gang_report import MAX_TAIL
 from trainhook.launcher.failure_cause import command_missing
 from trainhook.launcher.policy import Policy
@@ -126,7 +126,7 @@ def test_a_report_carries_a_bounded_tail_and_cause():
 
 def gang_state_of(size: int) -> GangState:
     peers = tuple(Peer("worker", i, i, f"g-{i}.g") for i in range(size))
-    gang = Gang(framework="pytorch", job_name="g", namespace="ns", role="worker", index=0, rank=0, peers=peers,
+    gang = GangView(framework="pytorch", job_name="g", namespace="ns", role="worker", index=0, rank=0, peers=peers,
                 subdomain="g", address=peers[0].address, port=23456, gang_wait="dns", gang_wait_port=29499,
                 wait_timeout=600.0)
     state = GangState(gang, Policy(), now=1000.0)

@@ -18,7 +18,7 @@ from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
-from trainhook.launcher.gang import ConfigError, Gang, Peer, parse_gang
+from trainhook.launcher.gang import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.gang_link import Link
 from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, SUCCEEDED, Outcome
 from trainhook.launcher.policy import FAIL_GANG, RESTART_GANG, Policy, attempt_env, read_settings
@@ -26,9 +26,9 @@ from trainhook.launcher.policy import FAIL_GANG, RESTART_GANG, Policy, attempt_e
 TOKEN = b"a" * 64
 
 
-def gang(size: int = 3, rank: int = 0, address: str = "127.0.0.1") -> Gang:
+def gang(size: int = 3, rank: int = 0, address: str = "127.0.0.1") -> GangView:
     peers = tuple(Peer("worker", i, i, address if i == 0 else f"w-{i}.g") for i in range(size))
-    return Gang(framework="pytorch", job_name="g", namespace="ns", role="worker", index=rank, rank=rank,
+    return GangView(framework="pytorch", job_name="g", namespace="ns", role="worker", index=rank, rank=rank,
                 peers=peers, subdomain="g", address=peers[rank].address, port=23456, gang_wait="dns",
                 gang_wait_port=29499, wait_timeout=600.0)
 
@@ -147,13 +147,13 @@ def test_rank_0_exiting_0_ends_the_gang_after_workers_that_finished_their_part()
     assert s.delivered()
 
 
-def tensorflow_gang(shape: list[tuple[str, int]]) -> Gang:
+def tensorflow_gang(shape: list[tuple[str, int]]) -> GangView:
     peers, rank = [], 0
     for role, count in shape:
         for index in range(count):
             peers.append(Peer(role, index, rank, f"tf-{role}-{index}.tf"))
             rank += 1
-    return Gang(framework="tensorflow", job_name="tf", namespace="ns", role=shape[0][0], index=0, rank=0,
+    return GangView(framework="tensorflow", job_name="tf", namespace="ns", role=shape[0][0], index=0, rank=0,
                 peers=tuple(peers), subdomain="tf", address=peers[0].address, port=2222, gang_wait="dns",
                 gang_wait_port=29499, wait_timeout=600.0)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from trainhook import keys
-from trainhook.launcher.gang import Gang, parse_gang
+from trainhook.launcher.gang import GangView, parse_gang
 from trainhook.launcher import reach
 from trainhook.launcher import wait as wait_module
 from trainhook.launcher import wait_dns as dns_mode
@@ -285,7 +285,7 @@ def test_tcp_wait_refuses_a_connection_from_another_gang(network, tmp_path):
 
 # --- the barrier's rules, as pure functions ---------------------------------------------------------------------
 
-def tcp_gang() -> Gang:
+def tcp_gang() -> GangView:
     return parse_gang(pod_env(0, **{keys.TH_GANG_WAIT: "tcp"}))
 
 
