@@ -163,7 +163,7 @@ class Notary:
             raise NotaryError(f"the notary at {self.url} failed TLS verification against {keys.TH_NOTARY_CA}: "
                               f"{e}") from None
         except (OSError, http.client.HTTPException) as e:
-            raise NotaryError(f"the notary at {self.url} is not reachable: {describe(e)}") from None
+            raise NotaryError(f"the notary at {self.url} is not reachable: {describe_notary_error(e)}") from None
         finally:
             connection.close()
         try:
@@ -177,7 +177,7 @@ class Notary:
         return answer
 
 
-def describe(error: BaseException) -> str:
+def describe_notary_error(error: BaseException) -> str:
     if isinstance(error, socket.gaierror):
         return "its name does not resolve"
     if isinstance(error, ConnectionRefusedError):

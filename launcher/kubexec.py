@@ -221,11 +221,6 @@ def exit_status(error_channel: str) -> tuple[int, str]:
     return EXIT_AGENT_FAILED, status.get("message") or status.get("reason") or "the command failed"
 
 
-def write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data):]
-
-
 def relay(ws: kube_websocket.WebSocket, stdin: int = 0) -> bytes:
     """Relay our stdin to the remote command and its stdout and stderr to ours until the server closes the
     stream; returns what arrived on the error channel (the exit Status). One thread, select(): the TLS socket is
@@ -254,7 +249,7 @@ def relay(ws: kube_websocket.WebSocket, stdin: int = 0) -> bytes:
         if ws in ready:
             for message in ws.receive():
                 if message[:1] in (bytes([STDOUT]), bytes([STDERR])):
-                    write_all(message[0], message[1:])
+                    mpi_exec.write_all(message[0], message[1:])
                 elif message[:1] == bytes([ERROR]):
                     error += message[1:]
     return error

@@ -281,6 +281,7 @@ def pump_stdin(sock: socket.socket, stdin: int) -> None:
 
 
 def write_all(fd: int, data: bytes) -> None:
+    """Write every byte to `fd` (OSError when it cannot): the relayed command's output, here and in kubexec."""
     while data:
         data = data[os.write(fd, data):]
 

@@ -148,7 +148,7 @@ def serve(gang: GangView, env: Mapping[str, str], command: Sequence[str] = ()) -
             if server in readable:
                 doorman.admit(server)
             if launcher is not None and launcher in readable:
-                outcome = read_outcome(launcher)
+                outcome = launcher_exit_code(launcher)
                 if outcome is not None:
                     return outcome
     finally:
@@ -161,7 +161,7 @@ def serve(gang: GangView, env: Mapping[str, str], command: Sequence[str] = ()) -
         service.stop()
 
 
-def read_outcome(launcher: control.LineSocket) -> int | None:
+def launcher_exit_code(launcher: control.LineSocket) -> int | None:
     """The exit code once the launcher has sent its outcome or gone away; None while the run goes on."""
     try:
         alive = launcher.feed()

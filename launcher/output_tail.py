@@ -96,7 +96,7 @@ def printable(line: bytes) -> str:
     return "".join(c if c == "\t" or c >= " " and c != "\x7f" else "?" for c in text)
 
 
-def write_all(fd: int, data: bytes) -> bool:
+def write_while_read(fd: int, data: bytes) -> bool:
     """Write every byte to `fd`; False when it cannot take them any more (its reader is gone)."""
     view = memoryview(data)
     while view:
@@ -160,7 +160,7 @@ class Tee:
                 if not data:
                     return
                 if passing:
-                    passing = write_all(target, data)  # first: the container's log sees it at once
+                    passing = write_while_read(target, data)  # first: the container's log sees it at once
                 self.tail.feed(name, data)
         finally:
             os.close(read)
