@@ -143,7 +143,7 @@ def entry_program() -> bytes:
     if cached is not None:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            write_file(cached, built, 0o755)
+            write_bytes_atomically(cached, built, 0o755)
         except OSError:
             pass  # a read-only home: compiled again next time
     return built
@@ -197,7 +197,7 @@ def build_zip(bytecode_too: bool = True) -> bytes:
     return buffer.getvalue()
 
 
-def write_file(path: Path, data: bytes, mode: int) -> None:
+def write_bytes_atomically(path: Path, data: bytes, mode: int) -> None:
     """Write through a temporary name and rename, so a container never sees a half-written launcher (an init
     container restarted mid-copy writes it again)."""
     partial = path.with_name(f".{path.name}.partial")
@@ -210,9 +210,9 @@ def write_file(path: Path, data: bytes, mode: int) -> None:
 def install(directory: Path) -> Path:
     """Write the launcher into `directory` (the pod's launcher volume); returns the entry point's path."""
     (directory / "bin").mkdir(parents=True, exist_ok=True)
-    write_file(directory / ZIP_NAME, build_zip(), 0o644)
+    write_bytes_atomically(directory / ZIP_NAME, build_zip(), 0o644)
     entry = directory / "bin" / SHIM_NAME
-    write_file(entry, entry_program(), 0o755)
+    write_bytes_atomically(entry, entry_program(), 0o755)
     return entry
 
 

@@ -310,7 +310,7 @@ def agent_script(transport: str, run_dir: Path | None, doorway: Path | None = No
             f"exec {shlex.join(words)} \"$@\"\n")
 
 
-def write_file(path: Path, text: str, mode: int) -> None:
+def write_text_atomically(path: Path, text: str, mode: int) -> None:
     """Write atomically (mpirun may read the file while a second launcher attempt rewrites it); OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
@@ -323,7 +323,7 @@ def install_agent(path: Path, transport: str, run_dir: Path | None) -> None:
     """Put the agent script at `path` (raises OSError). Workers need it too: OpenMPI's orted checks that its
     plm_rsh_agent exists before it starts, on every node (Kubeflow v1 mounts kubexec.sh in workers for this)."""
     doorway = mpi_exec.doorway_path(path) if transport == "gang" else None
-    write_file(path, agent_script(transport, run_dir, doorway), 0o755)
+    write_text_atomically(path, agent_script(transport, run_dir, doorway), 0o755)
 
 
 # --- entry ---------------------------------------------------------------------------------------------------

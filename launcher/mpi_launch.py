@@ -94,9 +94,9 @@ def file_paths(implementation: str, env: Mapping[str, str]) -> tuple[Path, Path]
             Path(env.get(agent_var, "").strip() or mpi.AGENT_PATH))
 
 
-def write_file(path: Path, text: str, mode: int) -> None:
+def write_config_file(path: Path, text: str, mode: int) -> None:
     try:
-        kubexec_module.write_file(path, text, mode)
+        kubexec_module.write_text_atomically(path, text, mode)
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e.strerror or e} (trainhook's webhook mounts an emptyDir at "
                           f"{mpi.CONFIG_MOUNT_PATH} in MPI pods; is the pod labeled and admitted?)") from e
@@ -300,9 +300,9 @@ def launch(gang: GangView, env: Mapping[str, str], cmd: Sequence[str]) -> int:
         if transport == "gang" and not key:
             raise ConfigError("no gang key (no notary answered, see above): the gang transport starts nothing "
                               f"without one; fix the notary, or pick ssh with {kubexec_module.TH_MPI_TRANSPORT}=ssh")
-        write_file(hostfile_path, mpi.hostfile(hosts, implementation), 0o644)
+        write_config_file(hostfile_path, mpi.hostfile(hosts, implementation), 0o644)
         doorway_path = mpi_exec.doorway_path(agent_path) if transport == "gang" else None
-        write_file(agent_path, kubexec_module.agent_script(transport, run_dir, doorway_path), 0o755)
+        write_config_file(agent_path, kubexec_module.agent_script(transport, run_dir, doorway_path), 0o755)
         total = sum(count for _, count in hosts)
         argv = build_command(cmd, implementation, total, gang.address, os.geteuid() == 0, env.get("PATH"))
     except ConfigError as e:
