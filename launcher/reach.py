@@ -1,5 +1,5 @@
 """Reaching a gang peer by name at a cost the cluster DNS can bear (issue 26): one helper for the gang wait
-(wait.py) and the launcher's connection to the coordinator (gang_run.Link).
+(wait.py) and the launcher's connection to the coordinator (gang_link.Link).
 
 Why a helper: on a real node a 32-pod gang asked rank 0's name 3,342 times. Three habits did it, each harmless in a
 small gang: relative names (a name not published yet costs A and AAAA for each search domain and the bare name,
