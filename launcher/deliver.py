@@ -170,14 +170,21 @@ def in_pod_modules() -> list[tuple[str, Path]]:
     return files
 
 
+MARSHAL_VERSION = 2  # see bytecode(): the newest format whose bytes do not depend on the building process
+
+
 def bytecode(name: str, source: bytes) -> bytes:
     """The unchecked hash-based .pyc (PEP 552) of the zip's entry `name`, for this Python: its magic number,
     flags 1 (hash-based, not checked against the source), the source's hash, then the marshalled code. The same
     source gives the same bytes (tests/launcher/test_delivery_bytecode.py: in a fresh process too, so every webhook
     replica names the same ConfigMap)."""
     code = compile(source, f"{keys.LAUNCHER_DIR}/{ZIP_NAME}/{name}", "exec", dont_inherit=True)
+    # Marshal format 2: the current format (4) marks a string "interned" and "shared" by the state of this
+    # process (a one-character string such as '?' is interned once any code in the process interned it), so a
+    # webhook that had run for a while wrote other bytes than a fresh one, and another ConfigMap name. Format 2
+    # writes neither mark; the loader interns names as it builds each code object, so the code is the same.
     return (importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little") + importlib.util.source_hash(source)
-            + marshal.dumps(code))
+            + marshal.dumps(code, MARSHAL_VERSION))
 
 
 def build_zip(bytecode_too: bool = True) -> bytes:

@@ -142,3 +142,13 @@ def test_a_members_start_imports_only_modules_with_bytecode_and_not_the_coordina
     only_rank0 = {"trainhook.launcher.coordinator", "trainhook.launcher.elastic", "trainhook.launcher.pending"}
     assert only_rank0 <= rank0 and not only_rank0 & member
     assert not {"trainhook.launcher.wait", "argparse"} & (member | rank0)  # the init container's; no parsing
+
+
+def test_the_zip_does_not_depend_on_what_the_building_process_interned():
+    # Seen in CI: a long test session built other bytes than a fresh process (the one-character string '?' had
+    # been interned meanwhile, which marshal's format 4 writes down), so a webhook could rename its ConfigMap.
+    build = ("import hashlib, sys; {}from trainhook.launcher import deliver; "
+             "print(hashlib.sha256(deliver.build_zip()).hexdigest())")
+    plain, interned = (subprocess.run([sys.executable, "-c", build.format(first)], capture_output=True, text=True,
+                                      check=True).stdout for first in ("", "[sys.intern(chr(i)) for i in range(256)]; "))
+    assert plain == interned
