@@ -26,6 +26,17 @@ def labeled_pod(name: str, labels: dict) -> dict:
             "spec": {"containers": [{"name": "main", "image": "example.com/train:1"}]}}
 
 
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory):
+    """A control plane of this module's own: the check counts every training gang in the cluster, and the room's
+    shared control plane still holds other modules' gangs (Pending pods, no kubelet to end them)."""
+    cp = cluster.start(tmp_path_factory.mktemp("control-plane-uninstall"))
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
 @pytest.fixture
 def release(control_plane, k8s_namespace, tmp_path):
     """A release namespace with the chart's ServiceAccount and notary ClusterRole; yields a function running the
