@@ -31,7 +31,10 @@ def test_a_deleted_member_of_a_fixed_gang_is_recorded_with_143(tmp_path):
         deleted = run.delete("del-1")
         assert deleted.returncode == 0, deleted.stderr
         # What the coordinator had the notary write on the StatefulSet, as on a cluster.
-        annotations = wait_for("the gang's outcome on the StatefulSet", recorded, timeout=60)
+        try:
+            annotations = wait_for("the gang's outcome on the StatefulSet", recorded, timeout=60)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the run said:\n{run.output()[-6000:]}") from None
     finally:
         if run.proc.poll() is None:
             run.proc.terminate()
