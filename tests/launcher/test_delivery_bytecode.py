@@ -74,11 +74,11 @@ def test_a_python_with_another_magic_number_compiles_the_sources(tmp_path):
     assert (done.returncode, done.stdout, done.stderr) == (3, "sources\n", "")  # not 99: no .pyc was run
 
 
-@pytest.mark.skipif(not PYTHON38, reason="no Python 3.8 here")
-def test_python_38_runs_the_zip_as_built(tmp_path):
+@pytest.mark.parametrize("python", PYTHON38[:1] + [sys.executable])  # as tests/launcher/test_launcher_boundary.py
+def test_python_38_and_this_one_run_the_zip_as_built(tmp_path, python):
     launcher = tmp_path / "launcher.pyz"
     launcher.write_bytes(ZIP)
-    done = launch(PYTHON38[0], launcher, "run", "--", "sh", "-c", "echo old; exit 4")
+    done = launch(python, launcher, "run", "--", "sh", "-c", "echo old; exit 4")
     assert (done.returncode, done.stdout) == (4, "old\n"), done.stderr
 
 
