@@ -49,6 +49,18 @@ def fingerprint(key: bytes) -> str:
     return hashlib.sha256(b"trainhook gang key fingerprint\0" + key).hexdigest()[:16]
 
 
+def key_bytes(stored: bytes) -> bytes:
+    """The key a Secret's value holds. Text (`--from-literal=gang-key=$(openssl rand -hex 32)`, or a file written
+    by `openssl rand -hex 32`) loses the white space around it, such as a file's last newline; anything else is the
+    key byte for byte. Why not strip everything: the webhook's own keys are random bytes, and one in about twenty
+    begins or ends with a byte that reads as white space; stripped, it was shorter than 32 bytes and refused, and
+    no replica ever served (a CI failure)."""
+    text = stored.strip()
+    if text.isascii() and text.decode("ascii").isprintable():
+        return text
+    return stored
+
+
 class GangKey:
     """The one gang key of a release, kept in Secret `name` of `namespace`. `key` is b"" until `load()`."""
 
@@ -78,7 +90,7 @@ class GangKey:
             raise GangKeyError(f"{self.where} has no key {DATA_KEY!r}: put at least {MIN_BYTES} random bytes there "
                                f"(e.g. --from-literal={DATA_KEY}=$(openssl rand -hex 32))")
         try:
-            key = base64.b64decode(value, validate=True).strip()
+            key = key_bytes(base64.b64decode(value, validate=True))
         except (binascii.Error, ValueError) as e:
             raise GangKeyError(f"{self.where}: {DATA_KEY!r} is not base64 ({e})") from e
         if len(key) < MIN_BYTES:
