@@ -46,7 +46,7 @@ from trainhook.launcher import mpi_exec, mpi_worker
 from trainhook.launcher import wiring as mpi
 from trainhook.launcher.gang import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.policy import read_settings
-from trainhook.launcher.process import SignalForwarder, exit_code, returncode, wait_for
+from trainhook.launcher.process import SignalForwarder, exit_code, returncode
 from trainhook.launcher.reach import describe
 from trainhook.launcher.wait_tcp import why
 from trainhook.launcher.wiring import Shape
@@ -248,7 +248,7 @@ def run_mpi(argv: Sequence[str], env: Mapping[str, str], links: Sequence[control
                 return 127 if isinstance(e, FileNotFoundError) else 126, False
             forward.attach(child)
             watch.start()
-            status = wait_for(child.pid, reap_all=os.getpid() == 1)
+            status = forward.wait(child.pid, reap_all=os.getpid() == 1)
             child.returncode = returncode(status)
             return exit_code(status), bool(watch.lost)
         finally:

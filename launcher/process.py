@@ -16,6 +16,7 @@ kept (output_tail.Tee) so the gang's outcome can carry them when the pods are go
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -61,7 +62,8 @@ def wait_for(pid: int, reap_all: bool) -> int:
 
     As PID 1 (`reap_all`) every exiting process in the container is ours to collect, so we wait for any child
     and keep going until it is `pid`; otherwise we wait for `pid` only, leaving other children to their owners.
-    Signal handlers run while we block (PEP 475 retries the wait after them).
+    For a thread other than the main one (Training's waiter): the main thread, where signals are handled, waits
+    with SignalForwarder.wait, because a blocking waitpid there can miss a signal.
     """
     while True:
         reaped, status = os.waitpid(-1 if reap_all else pid, 0)
@@ -71,15 +73,35 @@ def wait_for(pid: int, reap_all: bool) -> int:
             return status
 
 
+def collect(pid: int, reap_all: bool) -> int | None:
+    """`pid`'s wait status if it has exited, else None, without blocking; as PID 1 (`reap_all`) every exited
+    process is collected on the way, as in wait_for."""
+    while True:
+        reaped, status = os.waitpid(-1 if reap_all else pid, os.WNOHANG)
+        if reaped == pid:
+            if reap_all:
+                reap_exited()
+            return status
+        if reaped == 0:
+            return None
+
+
 class SignalForwarder:
     """Forwards the FORWARDED signals to a child that may not exist yet: one arriving before the child does is
     delivered as soon as it exists, so a quick `kubectl delete` is never lost. A context manager: the previous
-    handlers come back on exit. Must be entered on the main thread (Python delivers signals there)."""
+    handlers come back on exit. Must be entered on the main thread (Python delivers signals there).
+
+    Wait for the child with `wait`, not a blocking waitpid: Python runs a signal's handler between bytecodes, so a
+    signal that lands after the last check and before the waitpid call blocks is left unhandled until the child
+    exits on its own (a `kubectl delete` then waits out the grace period). `wait` sleeps in select on the wakeup
+    pipe, to which every caught signal writes a byte, SIGCHLD included, so no signal waits for the child."""
 
     def __init__(self) -> None:
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[int] = []
         self.previous: dict = {}
+        self.previous_wakeup = -1
+        self.wake_read = self.wake_write = -1
 
     def __call__(self, signum: int, _frame: object = None) -> None:
         if self.child is None:
@@ -95,13 +117,35 @@ class SignalForwarder:
         for signum in self.pending:
             self(signum)
 
+    def wait(self, pid: int, reap_all: bool) -> int:
+        """Block until `pid` exits and return its wait status, running the handlers of signals as they come (see
+        the class); as PID 1 (`reap_all`) every other exiting process is collected on the way."""
+        while True:
+            status = collect(pid, reap_all)
+            if status is not None:
+                return status
+            select.select([self.wake_read], [], [])
+            try:
+                while os.read(self.wake_read, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
     def __enter__(self) -> SignalForwarder:
+        self.wake_read, self.wake_write = os.pipe()
+        for fd in (self.wake_read, self.wake_write):
+            os.set_blocking(fd, False)
         self.previous = {signum: signal.signal(signum, self) for signum in FORWARDED}
+        self.previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+        self.previous_wakeup = signal.set_wakeup_fd(self.wake_write)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        signal.set_wakeup_fd(self.previous_wakeup)
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+        os.close(self.wake_read)
+        os.close(self.wake_write)
 
 
 def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
@@ -116,7 +160,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> in
             print(f"trainhook-launch: cannot execute {argv[0]}: {e.strerror or e}", file=sys.stderr, flush=True)
             return EXIT_CANNOT_EXECUTE
         forward.attach(child)
-        status = wait_for(child.pid, reap_all=os.getpid() == 1)
+        status = forward.wait(child.pid, reap_all=os.getpid() == 1)
         child.returncode = returncode(status)  # collected here: Popen must not wait again
         return exit_code(status)
 

@@ -25,12 +25,15 @@ import pytest
 from trainhook.launcher import deliver
 
 NO_PYTHON = f"trainhook-launch: no python3 or python on PATH in this image; {deliver.FIX}\n"
-# A stand-in for launcher.pyz: reports what it was given, then exits or kills itself as asked.
+# A stand-in for launcher.pyz: reports what it was given, then exits or kills itself as asked. It waits in short
+# sleeps: a signal landing between "ready" and one long sleep's system call would wait out the sleep (Python runs
+# handlers between bytecodes).
 PROBE = """import json, os, signal, sys, time
 if os.environ.get("PROBE_WAIT"):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
     print("ready", flush=True)
-    time.sleep(60)
+    for _ in range(600):
+        time.sleep(0.1)
 print(json.dumps({"argv": sys.argv, "pid": os.getpid(), "isolated": sys.flags.isolated,
                   "executable": sys.executable}))
 if os.environ.get("PROBE_SIGNAL"):

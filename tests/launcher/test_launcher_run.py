@@ -32,7 +32,9 @@ def test_a_command_that_does_not_exist_exits_127_with_a_message():
     assert "command not found: /nonexistent/train" in result.stderr
 
 
-# Installs a handler for every forwarded signal, says it is ready, and exits 100+N when signal N arrives.
+# Installs a handler for every forwarded signal, says it is ready, and exits 100+N when signal N arrives. It sleeps
+# in short slices: Python runs a handler between bytecodes, so a signal landing after "ready" and before one long
+# sleep's system call began would wait out the whole sleep (CI saw it: 1 run in about 500 on a loaded machine).
 CATCHER = textwrap.dedent("""
     import signal, sys, time
     def caught(signum, frame):
@@ -41,7 +43,8 @@ CATCHER = textwrap.dedent("""
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(s, caught)
     print("ready", flush=True)
-    time.sleep(30)
+    for _ in range(300):
+        time.sleep(0.1)
     sys.exit(1)
 """)
 
