@@ -12,7 +12,7 @@ import sys
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Sequence, cast
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.gang import ConfigError, parse_gang
 
 if TYPE_CHECKING:

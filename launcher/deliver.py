@@ -5,7 +5,7 @@ The webhook gives every gang pod an emptyDir (keys.LAUNCHER_VOLUME) and has its 
 before anything else; the training container mounts it read-only and its command becomes
 `/trainhook/bin/trainhook-launch run -- CMD`. What lands in DIR:
 
-- `launcher.pyz`: a zip of the in-pod module set (trainhook/__init__.py, trainhook/keys.py, trainhook/launcher/):
+- `launcher.pyz`: a zip of the in-pod module set (trainhook/__init__.py, trainhook/gang/, trainhook/launcher/):
   standard library only and Python 3.8 compatible (tests/launcher/test_launcher_boundary.py holds both), so it runs on
   whatever Python the user's image has, in isolated mode (`-I`: no PYTHON* variable, no user site, no current
   directory on sys.path), and the training it starts gets the container's environment untouched.
@@ -56,7 +56,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from trainhook import keys
+from trainhook.gang import keys
 
 ZIP_NAME = "launcher.pyz"
 SHIM_NAME = "trainhook-launch"
@@ -164,7 +164,7 @@ def in_pod_modules() -> list[tuple[str, Path]]:
     import trainhook.launcher
     top = Path(trainhook.__file__).parent
     launcher = Path(trainhook.launcher.__file__).parent
-    files = [("trainhook/__init__.py", top / "__init__.py"), ("trainhook/keys.py", top / "keys.py")]
+    files = [("trainhook/__init__.py", top / "__init__.py")]
     files += [(f"trainhook/gang/{path.name}", path) for path in sorted((top / "gang").glob("*.py"))]
     files += [(f"trainhook/launcher/{path.name}", path) for path in sorted(launcher.glob("*.py"))]
     return files

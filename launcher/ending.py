@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher import identity
 from trainhook.launcher.gang import GangView
 from trainhook.launcher.outcome import FAILED, SUCCEEDED, Outcome, now_rfc3339

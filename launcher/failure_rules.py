@@ -26,7 +26,7 @@ import signal
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from trainhook import keys
+from trainhook.gang import keys
 
 RESTART, FAIL = keys.RESTART_GANG, keys.FAIL_GANG
 ACTIONS = (RESTART, FAIL)

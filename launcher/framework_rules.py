@@ -5,7 +5,7 @@ tests/launcher/test_gang_model.py checks that the two say the same.
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 
 # Frameworks whose gangs may change size while they run (PyTorch: torchrun's c10d rendezvous forms the world), so
 # their pods read `trainhook.dev/elastic` (TRAINHOOK_ELASTIC) and are wired for the range's maximum.

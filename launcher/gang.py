@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.gang import shape as model
 from trainhook.gang.shape import Shape, ShapeError
 from trainhook.launcher.framework_rules import is_elastic

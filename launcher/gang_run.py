@@ -39,7 +39,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher import ending, failure_cause, identity
 from trainhook.launcher.gang import ConfigError, GangView, parse_gang
 from trainhook.launcher.gang_link import Link

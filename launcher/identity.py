@@ -28,12 +28,12 @@ import time
 import urllib.parse
 from typing import Callable, Mapping
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.policy import IDENTITY_TOKEN_FILE as TOKEN_FILE
 from trainhook.launcher.outcome import Outcome
 from trainhook.launcher.policy import LaunchSettings
 from trainhook.launcher.speak import speaker
-from trainhook.keys import TH_IDENTITY_TOKEN
+from trainhook.gang.keys import TH_IDENTITY_TOKEN
 
 CALL_TIMEOUT = 10.0  # one HTTPS call (connect, TLS, answer); the notary itself waits on the API server
 FIRST_DELAY, MAX_DELAY = 0.2, 2.0  # jittered retry delays while the notary cannot answer yet

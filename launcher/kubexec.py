@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 from urllib.parse import quote, urlencode
 
-from trainhook import keys
-from trainhook.keys import TH_MPI_TRANSPORT  # defined in keys.py; read from here by mpi_launch too
+from trainhook.gang import keys
+from trainhook.gang.keys import TH_MPI_TRANSPORT  # defined in keys.py; read from here by mpi_launch too
 from trainhook.launcher import deliver, kube_api, kube_websocket, mpi_exec, mpi_local
 from trainhook.launcher.gang import ConfigError
 from trainhook.launcher.policy import SERVICE_ACCOUNT_DIR
-from trainhook.keys import TH_SERVICE_ACCOUNT_DIR
+from trainhook.gang.keys import TH_SERVICE_ACCOUNT_DIR
 from trainhook.launcher.wiring import AGENT_PATH
 
 TRANSPORTS = ("gang", "kubexec", "ssh", "local")  # mpi_control.TRANSPORTS

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Mapping
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.gang import GangView, Peer
 from trainhook.launcher.gang_protocol import json_object, set_keepalive
 

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher import ending
 from trainhook.launcher import kubexec as kubexec_module
 from trainhook.launcher import mpi_control as control

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-from trainhook.keys import TH_LOCAL_RUN_DIR  # defined in keys.py; used (and read by kubexec) from here
+from trainhook.gang.keys import TH_LOCAL_RUN_DIR  # defined in keys.py; used (and read by kubexec) from here
 
 SANDBOX_FILE = "sandbox.json"  # trainhook.local.pods.SANDBOX_FILE
 PODEXEC = "podexec"  # RUN_DIR/podexec, written by trainhook.local.podexec.install

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Callable, Mapping
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.mpi_control import LineSocket
 from trainhook.launcher.mpi_exec import (EXIT, EXIT_AGENT_FAILED, MAX_FRAME, START, STDERR, STDIN, STDIN_EOF,
                                          STDOUT, FrameError, FrameReader, send_frame)

@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from trainhook import keys
+from trainhook.gang import keys
 
 PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE = keys.PHASE, keys.PHASE_TIME, keys.PHASE_REASON, keys.EXIT_CODE
 SUCCEEDED, FAILED = "Succeeded", "Failed"

@@ -2,7 +2,7 @@
 section 7; the user-facing account is docs/use/gang-lifecycle.md).
 
 Why a module of its own: `read_settings` is the one place a launcher turns its TRAINHOOK_* variables (named in
-trainhook/keys.py) into the gang's policy (on failure, restarts, deadline, failure rules) and its own settings
+trainhook/gang/keys.py) into the gang's policy (on failure, restarts, deadline, failure rules) and its own settings
 (ports, graces, where it runs, whether it parks), refusing bad values by name; `attempt_env` is what the training
 command is given per attempt. Everything here is pure. How the gang ended is outcome.py.
 """
@@ -13,14 +13,14 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.failure_rules import FailureRules, RulesError
 from trainhook.launcher.gang import ConfigError, GangView, parse_number
 
 ON_FAILURE, ACTIVE_DEADLINE_SECONDS = keys.ON_FAILURE, keys.ACTIVE_DEADLINE_SECONDS
 
 # The variables a user may set (TH_STATE_DIR, TH_FINISH_GRACE, ...) and those given to the training command per
-# attempt (TH_ATTEMPT, TH_RESTARTS) are named in trainhook/keys.py with the rest.
+# attempt (TH_ATTEMPT, TH_RESTARTS) are named in trainhook/gang/keys.py with the rest.
 # The identity token's file when TH_IDENTITY_TOKEN does not say: the projected volume the webhook injects.
 IDENTITY_TOKEN_FILE = keys.IDENTITY_DIR + "/token"
 # torch's opt-out of sharing the rendezvous' TCPStore across rounds: set for elastic gangs (attempt_env).

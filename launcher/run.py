@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.process import run_command
 
 

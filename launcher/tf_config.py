@@ -16,7 +16,7 @@ import argparse
 import os
 from typing import Mapping, Sequence
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.gang import ConfigError, GangView, parse_gang, parse_pairs
 from trainhook.launcher.wiring import cluster_spec, tf_config
 

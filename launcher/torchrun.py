@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Mapping, Sequence
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.gang import ConfigError
 from trainhook.launcher.process import run_command
 

@@ -4,7 +4,8 @@ MPI's variables, hostfile and roles, and TensorFlow's TF_CONFIG (the gang's shap
 One copy, here, on the launcher's side: the launcher is delivered into the user's image and runs on its Python
 with the standard library only (deliver.py), so it cannot import the webhook; the webhook imports these from
 here (trainhook.webhook.gang, trainhook.webhook.frameworks.mpi and .tensorflow re-export them), so both sides
-always agree on formats and roles. It imports nothing but the standard library, trainhook.keys and trainhook.gang.shape.
+always agree on formats and roles. It imports nothing but the standard library and the gang model
+(trainhook.gang.keys, trainhook.gang.shape).
 
 Kubeflow's references for the values: docs/use/frameworks/mpi.md and docs/use/frameworks/tensorflow.md, and the
 docstrings of webhook/frameworks/mpi.py and tensorflow.py.
@@ -15,8 +16,9 @@ from __future__ import annotations
 import json
 from typing import Mapping, Sequence
 
-# trainhook's own, read by `trainhook-launch mpirun` / `mpi-worker`: defined in trainhook/keys.py, re-exported here.
-from trainhook.keys import TH_MPI_IMPLEMENTATION, TH_MPI_SLOTS
+# trainhook's own, read by `trainhook-launch mpirun` / `mpi-worker`: defined in trainhook/gang/keys.py, re-exported
+# here.
+from trainhook.gang.keys import TH_MPI_IMPLEMENTATION, TH_MPI_SLOTS
 # The shape's home is trainhook/gang/shape.py; re-exported here for the MPI and TensorFlow wiring below.
 from trainhook.gang.shape import Shape
 

@@ -26,7 +26,7 @@ import json
 import posixpath
 import shlex
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook import launcher_configmap
 from trainhook.webhook.frameworks import launcher_words
 from trainhook.webhook.gang import Member, Problems, Shape

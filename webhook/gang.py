@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.gang import shape as model
 # Shape's one copy is the gang model's (trainhook/gang/shape.py, shared with the launcher); re-exported here.
 from trainhook.gang.shape import Shape, ShapeError

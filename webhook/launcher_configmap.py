@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher import deliver
 
 log = logging.getLogger("trainhook.webhook.launcher_configmap")

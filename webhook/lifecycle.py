@@ -3,7 +3,7 @@ the deadline, and where the pod comes from (contract section 7; docs/use/gang-li
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.failure_rules import DEFAULT_TEXT, EXAMPLE, RulesError, parse
 from trainhook.webhook.gang import Member, Problems
 

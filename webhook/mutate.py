@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.gang import Denied
 from trainhook.webhook.pods import mutate_pod
 from trainhook.webhook.settings import Settings

@@ -21,7 +21,7 @@ import concurrent.futures
 import json
 from typing import Any
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.notary import Conflict, Unreachable
 from trainhook.webhook.notary_membership import token_claims
 

@@ -34,7 +34,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.notary_membership import POD_NAME_EXTRA, POD_UID_EXTRA, WORKLOAD_KINDS
 
 NOTARY_DIR = "notary"

@@ -15,7 +15,7 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.gang.lookup import LABELS, lookup
 from trainhook.webhook.gang import Member, Problems
 from trainhook.webhook.pods import member_of

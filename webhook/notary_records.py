@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.notary_membership import Gang, WorkloadRef
 
 SUCCEEDED, FAILED = "Succeeded", "Failed"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.delivery import deliver_launcher, delivered_by_configmap, give_identity, identity_env
 from trainhook.gang.shape import elastic_shape
 from trainhook.webhook.frameworks import elastic_range, framework_env, framework_pod_hook

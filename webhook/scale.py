@@ -14,7 +14,7 @@ API call), `trainhook local scale` with the object it keeps.
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.gang.lookup import setting
 from trainhook.gang.shape import ShapeError, parse_range, parse_shape
 from trainhook.webhook.frameworks import is_elastic

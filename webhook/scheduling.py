@@ -7,7 +7,7 @@ the webhook, which makes no API calls.
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.gang import Member, Problems
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from cryptography import x509
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.certs import lifecycle
 from trainhook.certs.build import CA_FILE, CERT_FILE, KEY_FILE
 

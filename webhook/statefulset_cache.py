@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.scale import is_gang
 
 log = logging.getLogger("trainhook.webhook.statefulsets")

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from trainhook import keys
+from trainhook.gang import keys
 
 PAGE_SIZE = 500
 API_TIMEOUT = 30  # seconds per page

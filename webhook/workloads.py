@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.gang.lookup import LABELS, lookup, template_metadata
 from trainhook.gang.shape import ShapeError, parse_range
 from trainhook.webhook.delivery import check_template

@@ -27,7 +27,7 @@ import atheris
 with atheris.instrument_imports():
     import jsonpatch
 
-    from trainhook import keys
+    from trainhook.gang import keys
     from trainhook.webhook.review import BadReview, review
     from trainhook.webhook.settings import Settings
 

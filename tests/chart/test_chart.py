@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from chart_render import CHART, GET_HELM, HelmError, find, find_all, helm_binary, render_chart, render_notes, run_helm
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.certs.build import build_ca
 from trainhook.webhook import server
 from trainhook.webhook.settings import DEFAULT_LAUNCHER_IMAGE

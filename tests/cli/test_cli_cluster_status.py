@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from launcher_outcomes import decided
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cluster.status import changes, container_started, format_list, format_status, gang_state, pod_state, \
     progress
 from trainhook.launcher.outcome import PHASE, Outcome

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from rendered import by_kind, validate_objects
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cli import main
 from trainhook.convert import MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, convert_job, convert_text
 from trainhook.render.explain import explain_text

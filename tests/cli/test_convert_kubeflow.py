@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from rendered import by_kind, validate_objects
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.convert import MPI_IMPLEMENTATION, SLOTS_PER_WORKER, convert_text
 from trainhook.render.explain import explain_text
 from trainhook.render import to_yaml

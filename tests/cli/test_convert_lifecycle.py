@@ -14,7 +14,7 @@ import yaml
 
 from test_convert_fields import job
 from rendered import by_kind, validate_objects
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cli import main
 from trainhook.convert import ConvertError, convert_job, convert_text
 from trainhook.render.explain import explain_text

@@ -10,7 +10,7 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cli import main
 from trainhook.render.explain import explain_text
 from trainhook.local.admission import build_review

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rendered import by_kind, options, validate_objects
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cli import main
 from trainhook.render.explain import explain_text
 from trainhook.render import ACTIVE_DEADLINE_SECONDS, ON_FAILURE, RenderError, render, to_yaml

@@ -12,7 +12,7 @@ import pytest
 
 import trainhook
 from rendered import validate_objects
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.render import to_yaml
 from trainhook.sdk import TrainingClient, job_manifests
 from trainhook.sdk.command import DELIMITER, function_command, function_script

@@ -14,7 +14,7 @@ from kubernetes.client import V1EnvVar, V1EnvVarSource, V1ObjectFieldSelector, V
     V1ResourceRequirements
 
 from rendered import validate_objects
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.render.explain import explain_text
 from trainhook.render import to_yaml
 from trainhook.sdk import TrainingClient, job_manifests

@@ -30,7 +30,7 @@ import pytest
 
 from cluster_api import (NOTARY_GANG_KEY, cluster, register_webhook, unregister_webhook,
                          wait_for_service_account_token)
-from trainhook import keys
+from trainhook.gang import keys
 from webhook_process import free_port, start_webhook
 
 

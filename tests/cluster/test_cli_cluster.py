@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from launcher_outcomes import decided, record
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cli import main
 
 pytestmark = pytest.mark.cluster

@@ -13,7 +13,7 @@ import yaml
 
 from test_cli_cluster import cli, wait_for
 from rendered import PODGROUP_CRDS, by_kind, options, validate_objects
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cli import main
 from trainhook.render.explain import explain_text
 from trainhook.render import RenderError, Scheduling, render, to_yaml

@@ -7,7 +7,8 @@ import pytest
 
 from test_cli_cluster import wait_for
 from launcher_outcomes import decided, record
-from trainhook import JobFailed, TrainingClient, keys
+from trainhook import JobFailed, TrainingClient
+from trainhook.gang import keys
 
 pytestmark = pytest.mark.cluster
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import EXITED, RUNNING, STOPPED, Report

@@ -14,7 +14,7 @@ import pytest
 
 from gang_notary import GangNotary, indexed_job
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cluster.status import format_list, format_status, gang_state, kept_lines
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import EXITED, STOPPED, Report

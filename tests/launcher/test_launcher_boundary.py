@@ -1,7 +1,7 @@
 """The in-pod module set runs anywhere a Python 3.8+ does, with the standard library alone.
 
 The launcher is delivered into the user's own training image and run by that image's Python (deliver.py): the
-set is trainhook/__init__.py, trainhook/keys.py, the gang model (trainhook/gang/) and every module of launcher/
+set is trainhook/__init__.py, the gang model (trainhook/gang/: keys.py, the shape, the lookup) and every module of launcher/
 (installed as trainhook.launcher).
 What holds it:
 - every import in the set (inside functions too) is of the standard library or of the set itself;
@@ -43,7 +43,7 @@ PYTHONS = sorted(glob.glob("/root/.pyenv/versions/3.8*/bin/python")) + [sys.exec
 
 def in_pod_set() -> dict[str, Path]:
     """Module name -> source file, for every module of the in-pod set."""
-    modules = {"trainhook": TOP / "__init__.py", "trainhook.keys": TOP / "keys.py"}
+    modules = {"trainhook": TOP / "__init__.py"}
     for path in sorted((TOP / "gang").glob("*.py")):
         modules["trainhook.gang" if path.stem == "__init__" else f"trainhook.gang.{path.stem}"] = path
     for path in sorted(LAUNCHER.glob("*.py")):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.gang import ConfigError, Peer, parse_gang
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.gang import GangView, parse_gang
 from trainhook.launcher import reach
 from trainhook.launcher import wait as wait_module

@@ -16,7 +16,7 @@ from helpers import wait_for
 from test_elastic_local import Run
 from test_gang_local import gang
 
-from trainhook import keys
+from trainhook.gang import keys
 
 
 def test_a_deleted_member_of_a_fixed_gang_is_recorded_with_143(tmp_path):

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.local.admission import AdmissionError, Denied, WebhookServer, apply_response, build_review
 from trainhook.local.controllers import ADMIN_USER, job_pods, statefulset_pods, store
 from trainhook.local.manifest import parse_manifest

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.local.controllers import (ControllerError, generate_name, job_pods, job_warnings, pod_requests,
                                          statefulset_pods, store)
 

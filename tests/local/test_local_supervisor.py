@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.local.envvars import base_env
 from trainhook.local.network import Network
 from trainhook.local.pods import ContainerSpec, LocalPod

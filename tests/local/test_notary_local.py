@@ -24,7 +24,7 @@ import yaml
 from gang_notary import GangNotary, indexed_job
 from helpers import wait_for
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.local.envvars import EnvError, Sources
 from trainhook.local.volumes import container_mounts, prepare_volumes
 from trainhook.webhook.notary_local import LocalConflict, patch_stored_workload, store_workloads, workload_path

@@ -117,6 +117,6 @@ def test_the_architecture_map_names_what_exists():
 
 
 def test_the_map_check_reads_paths_and_placed_names():
-    paths, placed = named_code("`webhook/pods.py` `set_env`, `gang_env` and `launcher/gone.py` or `trainhook.keys`")
+    paths, placed = named_code("`webhook/pods.py` `set_env`, `gang_env` and `launcher/gone.py` or `trainhook.gang.keys`")
     assert paths == ["webhook/pods.py", "launcher/gone.py"]
     assert placed == [("webhook/pods.py", "set_env"), ("webhook/pods.py", "gang_env")]

@@ -48,7 +48,7 @@ def test_the_laid_out_tree_is_the_installed_layout(layout):
     server = layout / "trainhook" / "webhook" / "server.py"
     assert server.is_symlink() and server.resolve() == REPO / "webhook" / "server.py"
     assert (layout / "trainhook" / "launcher" / "cli.py").resolve() == REPO / "launcher" / "cli.py"
-    assert (layout / "trainhook" / "keys.py").resolve() == REPO / "trainhook" / "keys.py"
+    assert (layout / "trainhook" / "gang" / "keys.py").resolve() == REPO / "trainhook" / "gang" / "keys.py"
 
 
 def test_the_checkout_keeps_every_contract(layout):
@@ -59,7 +59,7 @@ def test_the_checkout_keeps_every_contract(layout):
 
 @pytest.mark.parametrize(("module", "line", "broken"), [
     ("trainhook/launcher/wait.py", "import yaml", "trainhook.launcher is not allowed to import yaml"),
-    ("trainhook/keys.py", "import aiohttp", "trainhook.keys is not allowed to import aiohttp"),
+    ("trainhook/gang/keys.py", "import aiohttp", "trainhook.gang is not allowed to import aiohttp"),
     ("trainhook/gang/shape.py", "from trainhook.webhook import jsondiff",
      "trainhook.gang is not allowed to import trainhook.webhook"),
     ("trainhook/webhook/jsondiff.py", "from trainhook.local import manifest",
@@ -106,7 +106,7 @@ def test_ruff_asks_for_newer_syntax_outside_the_in_pod_set_only():
           "    pass\n"
     webhook = ruff(old, "webhook/new.py")
     assert webhook.returncode == 1 and "UP045" in webhook.stdout
-    for in_pod in ("launcher/new.py", "trainhook/keys.py", "trainhook/gang/new.py"):
+    for in_pod in ("launcher/new.py", "trainhook/gang/keys.py", "trainhook/gang/new.py"):
         done = ruff(old, in_pod)
         assert done.returncode == 0, (in_pod, done.stdout)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from trainhook import keys
+from trainhook.gang import keys
 
 LAUNCHER_IMAGE = "registry.example/launcher:1"
 WAIT_TIMEOUT = "300"

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.local.admission import WebhookServer
 from trainhook.local.controllers import ADMIN_USER, pod_requests, store
 from trainhook.local.envvars import PodFacts, Sources, container_env

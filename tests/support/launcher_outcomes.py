@@ -17,7 +17,7 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher import kube_api, outcome_api
 from trainhook.launcher.gang_state import GangState
 from trainhook.launcher.gang_report import EXITED, Report

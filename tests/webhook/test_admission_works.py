@@ -16,7 +16,7 @@ import yaml
 
 from objects import bare_pod, container, indexed_job, pod_of_statefulset, review, statefulset
 from test_server_https import admitted
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cli import main
 
 LAUNCHER = keys.LAUNCHER_COMMAND

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonpatch
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher import deliver
 from trainhook.webhook import launcher_configmap as lcm
 from trainhook.webhook.gang import Denied

@@ -14,7 +14,7 @@ import pytest
 
 import expected
 from objects import container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.frameworks import mpi
 from trainhook.webhook.gang import Denied, Member, Problems, parse_shape
 from trainhook.webhook.mutate import mutate

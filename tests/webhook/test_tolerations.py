@@ -19,7 +19,7 @@ import pytest
 from chart_render import HelmError, find, render_chart
 from objects import bare_pod, container, pod_of_statefulset, statefulset
 from test_server_https import admitted
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook import server
 from webhook_process import start_webhook
 

@@ -16,7 +16,7 @@ import yaml
 
 from objects import bare_pod, pod_of_statefulset, service, statefulset
 from test_server_https import admitted
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.cli import main
 from trainhook.render import Gang, RenderError, gang_objects
 

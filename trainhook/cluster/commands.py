@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from trainhook import keys
+from trainhook.gang import keys
 
 EXIT_TIMEOUT = 124
 

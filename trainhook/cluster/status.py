@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.gang.lookup import LABELS, setting
 from trainhook.gang.shape import size_of
 from trainhook.launcher.outcome import Outcome

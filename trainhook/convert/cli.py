@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.convert.core import ConvertError, convert_text, parse_entrypoint_option
 from trainhook.render.objects import KINDS, to_yaml
 

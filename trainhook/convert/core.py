@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.convert.policies import KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, \
     Fields, KubeflowKind, as_int, infer_scheduler, kubeflow_port, mpi_options, pytorch_options, scheduling_of, \
     set_mpi_commands, training_container

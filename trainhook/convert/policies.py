@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.render.objects import Scheduling
 from trainhook.render.options import MPI_WORKER, mpi_launch
 

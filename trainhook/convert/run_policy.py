@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.convert.policies import Fields, as_int
 from trainhook.render.objects import ACTIVE_DEADLINE_SECONDS, ON_FAILURE
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 # TH_LOCAL_CONTAINER is set on every container's processes: what finds them all when the container ends
 # (`_kill_session`).
-from trainhook.keys import TH_LOCAL_CONTAINER
+from trainhook.gang.keys import TH_LOCAL_CONTAINER
 
 
 async def exited(proc: asyncio.subprocess.Process, poll: float = 0.05) -> int:

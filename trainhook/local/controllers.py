@@ -14,7 +14,7 @@ import random
 import uuid
 from dataclasses import dataclass
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.local.manifest import JOB, POD, STATEFULSET, describe, type_of
 
 # Label the StatefulSet controller sets since Kubernetes 1.28 (keys.py explains why the webhook does not read it).

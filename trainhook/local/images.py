@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainhook import keys
+from trainhook.gang import keys
 
 # Console scripts of this project (pyproject's [project.scripts]) and the venv's own helpers: not in an image.
 NOT_IN_IMAGES = ("trainhook", "trainhook-launch", "trainhook-webhook", "activate", "Activate.ps1")

@@ -11,7 +11,7 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.yaml_stream import yaml_documents
 
 DEFAULT_NAMESPACE = "default"

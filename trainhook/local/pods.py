@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.local.envvars import PodFacts, Sources, base_env, command_line, container_env
 from trainhook.local.images import image_bin, runs_launcher_image
 from trainhook.local.volumes import Mount, container_mounts, prepare_volumes

@@ -32,7 +32,7 @@ import time
 import uuid
 from pathlib import Path
 
-from trainhook.keys import TH_LOCAL_STATUS
+from trainhook.gang.keys import TH_LOCAL_STATUS
 from trainhook.local.containers import TH_LOCAL_CONTAINER, _kill_session, exit_code, exited, restarts  # noqa: F401
 from trainhook.local.outcome import gang_line, gang_outcomes, run_outcome
 from trainhook.local.pods import ContainerSpec, LocalPod

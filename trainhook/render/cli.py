@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.render.objects import KINDS, ON_FAILURE_POLICIES, RenderError, Scheduling, to_yaml
 from trainhook.render.options import RenderOptions, parse_env, parse_roles, render
 

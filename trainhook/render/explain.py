@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.local.controllers import ControllerError, pod_requests, store
 from trainhook.local.manifest import ManifestError, describe, load_manifest, parse_manifest
 from trainhook.webhook.gang import Denied

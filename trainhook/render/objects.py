@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from trainhook import keys
+from trainhook.gang import keys
 
 ON_FAILURE, ACTIVE_DEADLINE_SECONDS = keys.ON_FAILURE, keys.ACTIVE_DEADLINE_SECONDS
 ON_FAILURE_POLICIES = keys.ON_FAILURE_VALUES

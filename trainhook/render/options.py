@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.render.objects import ACTIVE_DEADLINE_SECONDS, ON_FAILURE, ON_FAILURE_POLICIES, Gang, RenderError, \
     Scheduling, gang_objects
 

@@ -17,7 +17,7 @@ import shlex
 import textwrap
 from collections.abc import Callable
 
-from trainhook import keys
+from trainhook.gang import keys
 
 DELIMITER = "TRAINHOOK_FUNCTION_EOF"
 SCRIPT_NAME = "ephemeral_script.py"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.convert.core import KINDS
 
 # Kubeflow's job kinds, as `trainhook convert` knows them: the kind decides the framework.

@@ -16,7 +16,7 @@ import importlib
 from collections.abc import Callable
 from functools import cache
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.gang.shape import ShapeError, parse_range
 from trainhook.webhook.gang import Member, Problems, Shape
 

@@ -11,7 +11,7 @@ JAX_NUM_PROCESSES and JAX_PROCESS_ID complete the set for code that reads them.
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.gang import Member, Problems
 
 # Kubeflow JAXJob's names (its cpu-demo example passes them to jax.distributed.initialize).

@@ -36,7 +36,7 @@ image's Python with the standard library only, and are imported here.
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.wiring import (CONFIG_MOUNT_PATH, CONFIG_VOLUME, IMPLEMENTATIONS, K_MPI_JOB_ROLE, LAUNCHER,
                                        OPENMPI, TH_MPI_SLOTS, WORKER, is_launcher, launcher_env)
 from trainhook.launcher.wiring import INTEL, MPICH, hostfile  # noqa: F401  (re-exported: MPI's module names them)

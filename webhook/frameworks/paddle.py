@@ -16,7 +16,7 @@ webhook's environment is plain values, so that pod gets `127.0.0.1:<port>`, the 
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.gang import Member, Problems, Shape, at_most_one
 
 # Read by paddle.distributed.launch as the defaults of --master, --nnodes and --job_id.

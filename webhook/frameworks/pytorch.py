@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.gang.shape import ShapeError, parse_range
 from trainhook.webhook.gang import Member, Problems, Shape, at_most_one
 

@@ -21,7 +21,7 @@ image's Python with the standard library only, and are imported here.
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.launcher.wiring import TF_CONFIG, cluster_spec, tf_config
 from trainhook.webhook.gang import Member, Problems, Shape
 

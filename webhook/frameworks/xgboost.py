@@ -15,7 +15,7 @@ MASTER_PORT, RANK and WORLD_SIZE in their own code.
 
 from __future__ import annotations
 
-from trainhook import keys
+from trainhook.gang import keys
 from trainhook.webhook.gang import Member, Problems, Shape, at_most_one
 
 # Read by LightGBM-style code (Kubeflow's lightgbm-dist example): the other members and their port.
