@@ -39,7 +39,7 @@ from trainhook.webhook.notary_membership import POD_NAME_EXTRA, POD_UID_EXTRA, W
 
 NOTARY_DIR = "notary"
 TOKENS, WORKLOADS, EVENTS = "tokens", "workloads", "events"
-POD_FILE = "pod.json"  # trainhook/local/run.py writes it
+POD_FILE = "pod.json"  # trainhook/local/state.py writes it (build_local_pod)
 LOCK = ".lock"
 
 

@@ -165,6 +165,12 @@ def test_the_cli_takes_a_quoted_command_string(capsys):
     (["--workers", "2"], "--image is required"),
     (["--workers", "2", "--image", "i", "--env", "1X=2"], "--env 1X=2"),
     (["--role", "master"], "--role master: write ROLE=COUNT"),
+    # The --role flags are read as one shape by the gang model's parser (trainhook/gang/shape.py).
+    (["--image", "i", "--role", "master=1", "--role", "worker=x"], "--role worker=x: write ROLE=COUNT"),
+    (["--image", "i", "--role", "master=1", "--role", "master=2"], "--role master given twice"),
+    (["--image", "i", "--role", "worker=0"], "the roles add up to no pod"),
+    (["--image", "i", "--workers", "2", "--elastic", "3:2"], "--elastic 3:2: write MIN:MAX"),
+    (["--image", "i", "--workers", "2", "--elastic", "3:4"], "the gang's 2 pods must lie within it"),
     (["--workers", "2", "--image", "i", "--queue", "q"], "--queue: give --gang-scheduler"),
     (["--workers", "2", "--image", "i", "--command", "a", "--", "b"], "either with --command or after --"),
 ])

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from trainhook.gang import keys
+from trainhook.gang.shape import COUNT, SYNTAX, TWICE, ShapeError, parse_range, parse_shape
 from trainhook.render.objects import ACTIVE_DEADLINE_SECONDS, ON_FAILURE, ON_FAILURE_POLICIES, Gang, RenderError, \
     Scheduling, gang_objects
 
@@ -44,15 +45,18 @@ class RenderOptions:
 
 
 def parse_roles(workers: int | None, role_args: list[str], framework: str) -> list[tuple[str, int]]:
-    """`--workers N` and `--role ROLE=N` (repeatable) as (role, count) pairs."""
+    """`--workers N` and `--role ROLE=N` (repeatable) as (role, count) pairs. The `--role` flags are one shape
+    (`role=count,...`, trainhook/gang/shape.py), so they obey the annotation's rules."""
     roles: dict[str, int] = {}
-    for text in role_args:
-        role, sep, count = text.partition("=")
-        if not sep or not count.strip().isdigit():
-            raise RenderError(f"--role {text}: write ROLE=COUNT, e.g. master=1")
-        if role.strip() in roles:
-            raise RenderError(f"--role {role.strip()} given twice")
-        roles[role.strip()] = int(count)
+    if role_args:
+        try:
+            roles = dict(parse_shape(",".join(role_args)).counts)
+        except ShapeError as e:
+            if e.kind in (SYNTAX, COUNT):
+                raise RenderError(f"--role {e.part}: write ROLE=COUNT, e.g. master=1") from e
+            if e.kind == TWICE:
+                raise RenderError(f"--role {e.part} given twice") from e
+            raise RenderError(f"--role {' --role '.join(role_args)}: the roles add up to no pod") from e
     if workers is not None:
         if "worker" in roles:
             raise RenderError("--workers and --role worker=N both given: keep one")
@@ -132,10 +136,11 @@ def option_annotations(options: RenderOptions, members: int) -> dict[str, str]:
     if options.elastic:
         if options.framework != keys.PYTORCH:
             raise RenderError("--elastic is PyTorch's (torchrun's c10d rendezvous)")
-        low, sep, high = options.elastic.partition(":")
-        if not (sep and low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
-            raise RenderError(f"--elastic {options.elastic}: write MIN:MAX nodes with 1 <= MIN <= MAX, e.g. 2:4")
-        if not int(low) <= members <= int(high):
+        try:
+            low, high = parse_range(options.elastic)
+        except ShapeError as e:
+            raise RenderError(f"--elastic {options.elastic}: write MIN:MAX nodes with 1 <= MIN <= MAX, e.g. 2:4") from e
+        if not low <= members <= high:
             raise RenderError(f"--elastic {options.elastic}: the gang's {members} pods must lie within it")
         annotations[keys.ELASTIC] = options.elastic
     if options.on_failure:
