@@ -1,6 +1,7 @@
 """Plot the benchmark results: bench/results/admission.json into docs/develop/performance-admission.png (throughput,
-server CPU per review, latency), and bench/results/gang_start.json, when present, into
-docs/develop/performance-gang-start.png."""
+server CPU per review, latency); bench/results/gang_start.json, when present, into
+docs/develop/performance-gang-start.png; and the node's gang starts at scale (bench/node_start_scale.py's
+node_start_scale_<size>.json), when present, into docs/develop/performance-gang-scale.png."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+DOCS = ROOT / "docs" / "develop"
 SERIES = (("yardstick", "yardstick (parse, allow)"), ("gang2", "trainhook, 2-pod gang"),
           ("gang1024", "trainhook, 1024-pod gang"))
 COLORS = ("grey", "C0", "C1")
@@ -54,7 +56,7 @@ def plot_admission(results: dict) -> None:
                  f"to the other; Python {machine['python']}, aiohttp {machine['aiohttp']}; "
                  f"{results['repeat']}× {results['seconds']:g} s per figure)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(ROOT / "docs" / "performance-admission.png", dpi=110)
+    fig.savefig(DOCS / "performance-admission.png", dpi=110)
 
 
 def plot_gang_start(results: dict) -> None:
@@ -86,7 +88,48 @@ def plot_gang_start(results: dict) -> None:
     machine = results["machine"]
     fig.suptitle(f"Gang start ({machine['cores']} cores shared by every pod; torch {machine['torch']})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(ROOT / "docs" / "performance-gang-start.png", dpi=110)
+    fig.savefig(DOCS / "performance-gang-start.png", dpi=110)
+
+
+SCALE_VARIANTS = (("by-hand", "hand-wired", "grey"), ("configmap", "trainhook, launcher ConfigMap", "C0"),
+                  ("init", "trainhook, gang-wait init container", "C1"))
+
+
+def plot_gang_scale(rounds: list[dict]) -> None:
+    """Start time (apply -> the last rank printed) and DNS queries per gang against the gang's size, per
+    delivery path: medians with min-max bars, every round as a dot, so the spread of a loaded machine shows."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    sizes = sorted({r["size"] for r in rounds if "failed" not in r})
+    for variant, label, color in SCALE_VARIANTS:
+        for axis, key in ((left, "to_last_rank_s"), (right, "dns_queries")):
+            if variant == "by-hand" and key == "dns_queries":
+                continue  # the hand-wired pods resolve nothing before they print
+            xs, medians, lows, highs = [], [], [], []
+            for size in sizes:
+                values = [r[key] for r in rounds if r["size"] == size and r["variant"] == variant and "failed" not in r]
+                if not values:
+                    continue
+                median = statistics.median(values)
+                xs.append(size)
+                medians.append(median)
+                lows.append(median - min(values))
+                highs.append(max(values) - median)
+                axis.scatter([size] * len(values), values, s=8, color=color, alpha=0.5)
+            axis.errorbar(xs, medians, yerr=[lows, highs], marker="o", capsize=3, color=color, label=label)
+    left.set_xlabel("pods in the gang")
+    left.set_ylabel("s, kubectl apply -> the last rank printed")
+    left.set_title("start time, bare ranks (median, min-max, each round)", fontsize=10)
+    right.set_xlabel("pods in the gang")
+    right.set_ylabel("DNS queries naming the gang")
+    right.set_title("cluster DNS queries per gang (linear in the pods)", fontsize=10)
+    for axis in (left, right):
+        axis.set_xticks(sizes, [str(s) for s in sizes])
+        axis.legend(fontsize=8)
+    loads = [r["load_1m"] for r in rounds if "load_1m" in r]
+    fig.suptitle(f"Gang start on one 2-core node (v1.20 kubelet), trainhook against hand-wired pods; the machine's "
+                 f"1-minute load during the rounds: {min(loads):.0f}-{max(loads):.0f}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(DOCS / "performance-gang-scale.png", dpi=110)
 
 
 def main() -> None:
@@ -95,10 +138,15 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="where the JSON results are (default %(default)s)")
     results = parser.parse_args().results
-    plot_admission(json.loads((results / "admission.json").read_text()))
+    admission = results / "admission.json"
+    if admission.exists():
+        plot_admission(json.loads(admission.read_text()))
     gang = results / "gang_start.json"
     if gang.exists():
         plot_gang_start(json.loads(gang.read_text()))
+    scale = [r for f in sorted(results.glob("node_start_scale_*.json")) for r in json.loads(f.read_text())["rounds"]]
+    if scale:
+        plot_gang_scale(scale)
 
 
 if __name__ == "__main__":
