@@ -12,18 +12,19 @@ enough for admission webhooks, controllers, RBAC and API calls. The binaries com
 As a module (what tests/support/cluster_api.py does):
 
     cp = start(state_dir)        # ControlPlane: .host, .kubeconfig, .api_client(), .stop()
+
+This file is what runs the control plane: the binaries, the components' command lines, the readiness waits, the
+record of a running one and the CLI. Its certificates and kubeconfigs are made by hack/cluster_certs.py (its
+`kubeconfig_dict`, which the tests use, is reachable here too), and its daemons are supervised by PID with
+hack/processes.py, which hack/node.py shares.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import datetime as dt
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -35,19 +36,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+HACK_DIR = Path(__file__).resolve().parent
+if str(HACK_DIR) not in sys.path:  # its siblings, also when loaded from a path (tests/support/cluster_api.py)
+    sys.path.insert(0, str(HACK_DIR))
+
+import processes  # noqa: E402
+from cluster_certs import write_control_plane_files  # noqa: E402
+from cluster_certs import kubeconfig_dict  # noqa: E402, F401  the tests' `cluster.kubeconfig_dict`
+
 if TYPE_CHECKING:
     from trainhook.certs.build import KeyPair
 
-# `cryptography` and trainhook.certs are imported where certificates are made, so that `down` and `env`
-# run with any Python 3.
-
 K8S_VERSION = "1.20.2"
-HACK_DIR = Path(__file__).resolve().parent
 BUILD_SCRIPT = HACK_DIR / "k8s-build.sh"
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-APISERVER_SANS = ["127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default",
-                  "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"]
 ADMISSION_PLUGINS = ["NamespaceLifecycle", "LimitRanger", "ServiceAccount", "DefaultTolerationSeconds",
                      "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "ResourceQuota", "Priority"]
 STATE_FILE = "cluster.json"
@@ -88,144 +91,6 @@ def ensure_binaries(quiet: bool = False) -> Path:
     return bins
 
 
-# ---- certificates and kubeconfigs -------------------------------------------------------------------
-
-def build_client_pair(ca: KeyPair, user: str, groups: list[str], now: dt.datetime, days: int = 30) -> KeyPair:
-    """A client certificate: CN is the Kubernetes user name, O entries its groups."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    from trainhook.certs.build import KeyPair
-    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
-                        + [x509.NameAttribute(NameOID.COMMON_NAME, user)])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
-
-
-def _write(path: Path, data: bytes, private: bool = False) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if private:
-        path.touch(mode=0o600)
-    path.write_bytes(data)
-    return path
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def kubeconfig_dict(server: str, ca_pem: bytes, user: str, cert_pem: bytes | None = None,
-                    key_pem: bytes | None = None, token: str | None = None) -> dict:
-    creds = {"token": token} if token else {"client-certificate-data": _b64(cert_pem),
-                                            "client-key-data": _b64(key_pem)}
-    return {
-        "apiVersion": "v1", "kind": "Config", "current-context": "trainhook",
-        "clusters": [{"name": "trainhook", "cluster": {"server": server,
-                                                       "certificate-authority-data": _b64(ca_pem)}}],
-        "users": [{"name": user, "user": creds}],
-        "contexts": [{"name": "trainhook", "context": {"cluster": "trainhook", "user": user}}],
-    }
-
-
-def _write_kubeconfig(path: Path, config: dict) -> Path:
-    # JSON is YAML: kubectl and the Python client read it, and no YAML dependency is needed.
-    return _write(path, json.dumps(config, indent=1).encode(), private=True)
-
-
-# ---- processes --------------------------------------------------------------------------------------
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
-
-
-def _parent_death_signal():
-    """preexec_fn: the child gets SIGTERM when the process that started it dies (a killed pytest)."""
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _is_ours(pid: int, marker: str) -> bool:
-    """The PID still runs one of our commands (its command line names our state dir), not a reused PID."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    return marker in cmdline
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our exited child not yet reaped) is not alive.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def stop_pid(pid: int, marker: str, grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds; only if the PID still runs one of our commands."""
-    if not _is_ours(pid, marker):
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        _reap(pid)
-        if not _alive(pid):
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    for _ in range(100):
-        _reap(pid)
-        if not _alive(pid):
-            return
-        time.sleep(0.05)
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 @dataclass
 class ControlPlane:
     """A running control plane. `stop()` ends every process it started (by PID)."""
@@ -245,7 +110,7 @@ class ControlPlane:
         proc = self.procs.get(name)
         if proc is not None:
             return proc.poll() is None
-        return _alive(self.pids[name]) and _is_ours(self.pids[name], str(self.state_dir))
+        return processes.alive(self.pids[name]) and processes.is_ours(self.pids[name], str(self.state_dir))
 
     @property
     def ca_pem(self) -> bytes:
@@ -269,7 +134,7 @@ class ControlPlane:
         return {"KUBECONFIG": str(self.kubeconfig)}
 
     def log(self, component: str, lines: int = 40) -> str:
-        return _tail(Path(self.logs[component]), lines)
+        return processes.tail(Path(self.logs[component]), lines)
 
     def running(self) -> bool:
         return bool(self.pids) and all(self.alive(name) for name in self.pids)
@@ -279,7 +144,7 @@ class ControlPlane:
         for name in reversed(list(self.pids)):
             proc = self.procs.get(name)
             if proc is None:
-                stop_pid(self.pids[name], str(self.state_dir))
+                processes.stop_pid(self.pids[name], str(self.state_dir))
                 continue
             if proc.poll() is None:
                 proc.terminate()
@@ -329,44 +194,14 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
     serving certificate names it, and the `kubernetes` Service's endpoint is kept there by the lease
     reconciler); `ca` is the cluster's CA when the caller signs its own components' certificates with it;
     `extra_apiserver_args` are appended (the kubelet client certificate, say)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    from trainhook.certs.build import build_ca, build_serving_pair
     bins = bins or ensure_binaries()
     state_dir = Path(state_dir or tempfile.mkdtemp(prefix="trainhook-k8s-")).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
-    pki = state_dir / "pki"
-    now = dt.datetime.now(dt.timezone.utc)
     loopback = address == "127.0.0.1"
-
-    ca = ca or build_ca("trainhook-k8s-ca", now)
-    serving = build_serving_pair(ca, APISERVER_SANS + ([] if loopback else [address]), now, days=30)
-    admin = build_client_pair(ca, "trainhook-admin", ["system:masters"], now)
-    kcm = build_client_pair(ca, "system:kube-controller-manager", [], now)
-    sched = build_client_pair(ca, "system:kube-scheduler", [], now)
-    sa_key = ec.generate_private_key(ec.SECP256R1())
-    ca_file = _write(pki / "ca.crt", ca.cert_pem)
-    ca_key_file = _write(pki / "ca.key", ca.key_pem, private=True)
-    _write(pki / "apiserver.crt", serving.cert_pem + ca.cert_pem)
-    _write(pki / "apiserver.key", serving.key_pem, private=True)
-    _write(pki / "admin.crt", admin.cert_pem)
-    _write(pki / "admin.key", admin.key_pem, private=True)
-    _write(pki / "sa.key", sa_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                serialization.NoEncryption()), private=True)
-    _write(pki / "sa.pub", sa_key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
-
-    ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": free_port(address)}
+    ports = {"etcd": processes.free_port(), "etcd-peer": processes.free_port(),
+             "apiserver": processes.free_port(address)}
     host = f"https://{address}:{ports['apiserver']}"
-    kubeconfig = _write_kubeconfig(state_dir / "kubeconfig",
-                                   kubeconfig_dict(host, ca.cert_pem, "trainhook-admin", admin.cert_pem, admin.key_pem))
-    kcm_kubeconfig = _write_kubeconfig(state_dir / "kube-controller-manager.kubeconfig",
-                                       kubeconfig_dict(host, ca.cert_pem, "system:kube-controller-manager",
-                                                       kcm.cert_pem, kcm.key_pem))
-    sched_kubeconfig = _write_kubeconfig(state_dir / "kube-scheduler.kubeconfig",
-                                         kubeconfig_dict(host, ca.cert_pem, "system:kube-scheduler",
-                                                         sched.cert_pem, sched.key_pem))
+    files = write_control_plane_files(state_dir, host, ca, extra_sans=[] if loopback else [address])
 
     etcd_url = f"http://127.0.0.1:{ports['etcd']}"
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
@@ -384,10 +219,10 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
             "--etcd-servers", etcd_url, "--etcd-prefix", "/registry",
             "--bind-address", address, "--advertise-address", address,
             "--secure-port", str(ports["apiserver"]), "--insecure-port", "0",
-            "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
-            "--client-ca-file", str(ca_file),
-            "--service-account-key-file", str(pki / "sa.pub"),
-            "--service-account-signing-key-file", str(pki / "sa.key"),
+            "--tls-cert-file", str(files.apiserver_cert), "--tls-private-key-file", str(files.apiserver_key),
+            "--client-ca-file", str(files.ca),
+            "--service-account-key-file", str(files.sa_pub),
+            "--service-account-signing-key-file", str(files.sa_key),
             "--service-account-issuer", SERVICE_ACCOUNT_ISSUER,
             "--api-audiences", SERVICE_ACCOUNT_ISSUER,
             "--service-cluster-ip-range", SERVICE_CIDR,
@@ -405,10 +240,10 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
         ],
         "kube-controller-manager": [
             str(bins / "kube-controller-manager"),
-            "--kubeconfig", str(kcm_kubeconfig),
-            "--service-account-private-key-file", str(pki / "sa.key"),
-            "--root-ca-file", str(ca_file),
-            "--cluster-signing-cert-file", str(ca_file), "--cluster-signing-key-file", str(ca_key_file),
+            "--kubeconfig", str(files.kcm_kubeconfig),
+            "--service-account-private-key-file", str(files.sa_key),
+            "--root-ca-file", str(files.ca),
+            "--cluster-signing-cert-file", str(files.ca), "--cluster-signing-key-file", str(files.ca_key),
             "--controllers", "*", "--use-service-account-credentials",
             "--service-cluster-ip-range", SERVICE_CIDR,
             "--leader-elect=false", "--port", "0", "--secure-port", "0", "--profiling=false",
@@ -417,14 +252,14 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
     }
     if scheduler:
         commands["kube-scheduler"] = [
-            str(bins / "kube-scheduler"), "--kubeconfig", str(sched_kubeconfig),
+            str(bins / "kube-scheduler"), "--kubeconfig", str(files.sched_kubeconfig),
             "--leader-elect=false", "--port", "0", "--secure-port", "0", "--profiling=false",
             "--v", str(verbosity),
         ]
 
-    cp = ControlPlane(state_dir=state_dir, host=host, kubeconfig=kubeconfig, ca_file=ca_file, ports=ports)
-    ctx = ssl.create_default_context(cafile=str(ca_file))
-    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    cp = ControlPlane(state_dir=state_dir, host=host, kubeconfig=files.kubeconfig, ca_file=files.ca, ports=ports)
+    ctx = ssl.create_default_context(cafile=str(files.ca))
+    ctx.load_cert_chain(str(files.admin_cert), str(files.admin_key))
     deadline = time.monotonic() + timeout
     try:
         for name, command in commands.items():
@@ -433,7 +268,7 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
             with log.open("wb") as out:
                 proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                         cwd=state_dir, start_new_session=True,
-                                        preexec_fn=_parent_death_signal if die_with_parent else None)
+                                        preexec_fn=processes.parent_death_signal if die_with_parent else None)
             cp.pids[name] = proc.pid
             cp.procs[name] = proc
             cp.save()

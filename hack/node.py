@@ -36,9 +36,11 @@ HACK = Path(__file__).resolve().parent
 sys.path.insert(0, str(HACK))
 
 import cluster  # noqa: E402
+import cluster_certs  # noqa: E402
 import images as images_mod  # noqa: E402
 import node_config as cfg  # noqa: E402
 import node_host as host  # noqa: E402
+import processes  # noqa: E402
 
 NODE_FILE = "node.json"
 DEFAULT_IMAGES = ("pause", "webhook", "launcher", "torch", "mpi", "tensorflow", "xgboost", "noshell", "bare")
@@ -78,14 +80,14 @@ class Node:
 
     def alive(self, name: str) -> bool:
         pid = self.pids.get(name)
-        return bool(pid) and cluster._alive(pid) and cluster._is_ours(pid, str(self.paths.run))
+        return bool(pid) and processes.alive(pid) and processes.is_ours(pid, str(self.paths.run))
 
     def running(self) -> bool:
         cp = cluster.ControlPlane.load(self.paths.run / "control-plane")
         return bool(self.pids) and all(self.alive(n) for n in self.pids) and bool(cp and cp.running())
 
     def log(self, name: str, lines: int = 40) -> str:
-        return cluster._tail(self.paths.run / f"{name}.log", lines)
+        return processes.tail(self.paths.run / f"{name}.log", lines)
 
     def env(self) -> dict[str, str]:
         bins = cluster.bin_dir()
@@ -116,7 +118,7 @@ def _spawn(node: Node, name: str, command: list[str], die_with_parent: bool) -> 
     with log.open("ab") as out:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=node.paths.run, start_new_session=True,
-                                preexec_fn=cluster._parent_death_signal if die_with_parent else None)
+                                preexec_fn=processes.parent_death_signal if die_with_parent else None)
     node.pids[name] = proc.pid
     node.procs[name] = proc
     node.save()
@@ -170,21 +172,21 @@ def _node_certs(node: Node, ca, pki: Path) -> dict[str, Path]:
     now = dt.datetime.now(dt.timezone.utc)
     files: dict[str, Path] = {}
     pairs = {
-        "kubelet-client": cluster.build_client_pair(ca, f"system:node:{cfg.NODE_NAME}", ["system:nodes"], now),
-        "kube-proxy": cluster.build_client_pair(ca, "system:kube-proxy", [], now),
+        "kubelet-client": cluster_certs.build_client_pair(ca, f"system:node:{cfg.NODE_NAME}", ["system:nodes"], now),
+        "kube-proxy": cluster_certs.build_client_pair(ca, "system:kube-proxy", [], now),
         # Only the kubelet checks this one (x509 against the cluster CA, then AlwaysAllow): no group needed.
-        "apiserver-kubelet-client": cluster.build_client_pair(ca, "kube-apiserver-kubelet-client", [], now),
+        "apiserver-kubelet-client": cluster_certs.build_client_pair(ca, "kube-apiserver-kubelet-client", [], now),
         "kubelet": build_serving_pair(ca, [cfg.host_ip(), cfg.NODE_NAME], now, days=30),
     }
     for name, pair in pairs.items():
-        files[f"{name}.crt"] = cluster._write(pki / f"{name}.crt", pair.cert_pem)
-        files[f"{name}.key"] = cluster._write(pki / f"{name}.key", pair.key_pem, private=True)
-    files["ca.crt"] = cluster._write(pki / "ca.crt", ca.cert_pem)
+        files[f"{name}.crt"] = cluster_certs.write_file(pki / f"{name}.crt", pair.cert_pem)
+        files[f"{name}.key"] = cluster_certs.write_file(pki / f"{name}.key", pair.key_pem, private=True)
+    files["ca.crt"] = cluster_certs.write_file(pki / "ca.crt", ca.cert_pem)
     return files
 
 
 def _kubeconfig(path: Path, server: str, ca, pair_name: str, user: str, pki: Path) -> Path:
-    return cluster._write_kubeconfig(path, cluster.kubeconfig_dict(
+    return cluster_certs.write_kubeconfig(path, cluster_certs.kubeconfig_dict(
         server, ca.cert_pem, user, (pki / f"{pair_name}.crt").read_bytes(), (pki / f"{pair_name}.key").read_bytes()))
 
 
@@ -259,7 +261,7 @@ def _start(node: Node, built: dict, bins: Path, die_with_parent: bool, timeout: 
     paths.containerd_config.write_text(cfg.containerd_toml(paths, built["pause"].ref))
     _start_containerd(node, die_with_parent)
     if host.remove_containers(paths):  # left by a crash: CRI must not remember them, so restart it clean
-        cluster.stop_pid(node.pids.pop("containerd"), str(paths.run))
+        processes.stop_pid(node.pids.pop("containerd"), str(paths.run))
         node.procs.pop("containerd")
         _start_containerd(node, die_with_parent)
     _import_images(node, built)
@@ -286,10 +288,10 @@ def _start(node: Node, built: dict, bins: Path, die_with_parent: bool, timeout: 
                            paths.pki)
     kubelet_json = paths.run / "kubelet.json"
     kubelet_json.write_text(json.dumps(cfg.kubelet_config(paths, ca_file=certs["ca.crt"],
-                                                          healthz_port=cluster.free_port()), indent=1))
+                                                          healthz_port=processes.free_port()), indent=1))
     proxy_json = paths.run / "kube-proxy.json"
-    proxy_json.write_text(json.dumps(cfg.kube_proxy_config(proxy_kc, healthz_port=cluster.free_port(),
-                                                           metrics_port=cluster.free_port()), indent=1))
+    proxy_json.write_text(json.dumps(cfg.kube_proxy_config(proxy_kc, healthz_port=processes.free_port(),
+                                                           metrics_port=processes.free_port()), indent=1))
     _spawn(node, "kubelet", cfg.kubelet_args(bins, paths, kubeconfig=kubelet_kc, config=kubelet_json),
            die_with_parent)
     _spawn(node, "kube-proxy", [str(bins / "kube-proxy"), "--config", str(proxy_json), "--v", "1"], die_with_parent)
@@ -314,11 +316,11 @@ def _stop(node: Node) -> None:
     paths, marker = node.paths, str(node.paths.run)
     for name in ("kube-proxy", "kubelet", "cluster-dns"):
         if name in node.pids:
-            cluster.stop_pid(node.pids[name], marker)
+            processes.stop_pid(node.pids[name], marker)
     if node.alive("containerd"):
         host.remove_containers(paths)
-        cluster.stop_pid(node.pids["containerd"], marker)
-    host.stop_shims(paths.containerd_socket, cluster.stop_pid)
+        processes.stop_pid(node.pids["containerd"], marker)
+    host.stop_shims(paths.containerd_socket, processes.stop_pid)
     killed = host.kill_cgroup(cfg.CGROUP_ROOT)
     if killed:
         _say(f"killed {killed} leftover pod processes in cgroup {cfg.CGROUP_ROOT}")

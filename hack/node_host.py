@@ -244,7 +244,7 @@ def remove_containers(paths) -> int:
 
 def stop_shims(containerd_socket: Path, stop_pid) -> None:
     """containerd-shim-runc-v2 processes outlive containerd; ours name our socket in their command line, and
-    `stop_pid` (hack/cluster.py's) signals a PID only while its command line still names it."""
+    `stop_pid` (hack/processes.py's) signals a PID only while its command line still names it."""
     marker = str(containerd_socket)
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
