@@ -1,6 +1,6 @@
 """The gang's coordinator on the network: rank 0's launcher serves its gang's members over TCP.
 
-Why a module of its own: the decisions are gang_state.GangState's, pure; this is their transport, a TCP server
+Why a module of its own: the decisions are gang_state.CoordinatorState's, pure; this is their transport, a TCP server
 on the coordinator port (29497) speaking gang_protocol (greeting, nonces, signed messages), one thread per member
 connection and one for time, everything under one lock. Only rank 0 imports it (gang_run), so a member's start
 never loads it. The rules it carries out are gang_state.py's docstring (contract section 7).
@@ -17,10 +17,10 @@ from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher.gang import GangView
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang_report import Report
-from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_state import CoordinatorState
 from trainhook.launcher.outcome import Outcome
 from trainhook.launcher.pending import PendingConnections
-from trainhook.launcher.policy import Policy
+from trainhook.launcher.policy import GangPolicy
 from trainhook.launcher.reach import listen
 from trainhook.launcher.speak import speaker
 
@@ -29,17 +29,17 @@ say = speaker("coordinator")
 
 
 class Coordinator:
-    """GangState behind a TCP server. All state changes happen under one lock, and the messages they produce
+    """CoordinatorState behind a TCP server. All state changes happen under one lock, and the messages they produce
     are sent before it is released, so every member sees them in the order they were decided."""
 
-    def __init__(self, gang: GangView, policy: Policy, key: bytes, port: int,
+    def __init__(self, gang: GangView, policy: GangPolicy, key: bytes, port: int,
                  log: Callable[[str], None] = say, clock: Callable[[], float] = time.time,
                  notify: Callable[[str, str, str], None] | None = None):
         """`key`: the gang's signing key (from the notary); `notify(type, reason, message)`: hands an Event to
         the notary without blocking (called with the lock held)."""
         self.gang, self.key, self.port, self.say, self.clock = gang, key, port, log, clock
         self.notify = notify
-        self.state = GangState(gang, policy, clock())
+        self.state = CoordinatorState(gang, policy, clock())
         self.lock = threading.Lock()
         self.channels: dict[int, wire.Channel] = {}
         self.next_id = 1
@@ -165,12 +165,12 @@ class Coordinator:
                 wire_sock.close()
                 return
             if body.get("type") != "join" or body.get("rank") != rank:
-                raise wire.Refused(f"expected the join of rank {rank}, got {str(body)[:120]}")
+                raise wire.RejectedMessage(f"expected the join of rank {rank}, got {str(body)[:120]}")
             report = Report.from_dict(body.get("report"))
             wire_sock.settimeout(None)
             set_keepalive(wire_sock)
             self.pending.done(wire_sock)  # authenticated: no handshake deadline any more
-        except wire.Refused as e:
+        except wire.RejectedMessage as e:
             self._refuse(wire_sock, peer, str(e))
             return
         except ValueError as e:
@@ -195,12 +195,12 @@ class Coordinator:
                         self._flush()
                     continue
                 if body.get("type") != "state":
-                    raise wire.Refused(f"unexpected message {str(body)[:120]}")
+                    raise wire.RejectedMessage(f"unexpected message {str(body)[:120]}")
                 report = Report.from_dict(body.get("report"))
                 with self.lock:
                     self.state.reported(rank, connection, report)
                     self._flush()
-        except wire.Refused as e:
+        except wire.RejectedMessage as e:
             self.say(f"refused a message on the connection of {self.gang.peers[rank]} from {peer}: {e}")
         except ValueError as e:
             self.say(f"refused a message from {peer}: bad report: {e}")

@@ -2,7 +2,7 @@
 
 A fixed-size gang is all or nothing: every member must be there to start, and a member that goes away is a
 failure. An elastic gang's size changes while it trains (`kubectl scale`, an HPA), and torchrun's c10d
-rendezvous re-forms the training at each change, so the coordinator (gang_state.GangState, whose state these
+rendezvous re-forms the training at each change, so the coordinator (gang_state.CoordinatorState, whose state these
 functions read and change; all pure) holds it to these rules instead:
 
 - it starts once `min` members are here (the gang wait waits for those, wait.elastic_wait_view), not `max`;
@@ -27,16 +27,16 @@ from typing import List, Optional, Protocol, Tuple
 from trainhook.launcher.gang import GangView
 from trainhook.launcher.gang_report import IDLE, RUNNING, Record, Report
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED, FAILED, Outcome, now_rfc3339
-from trainhook.launcher.policy import Policy
+from trainhook.launcher.policy import GangPolicy
 
 
 
 class ElasticState(Protocol):
-    """What these rules read and change of the coordinator's state (gang_state.GangState): declared here, so
+    """What these rules read and change of the coordinator's state (gang_state.CoordinatorState): declared here, so
     this module never imports the coordinator, which imports it (tests/launcher/test_launcher_imports.py: no cycle)."""
 
     gang: GangView
-    policy: Policy
+    policy: GangPolicy
     phase: str
     attempt: int
     restarts: int

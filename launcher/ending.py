@@ -35,11 +35,11 @@ RECORD_DEADLINE = 20.0  # how long the coordinator keeps trying the notary at th
 say = speaker()
 
 
-def record_outcome(gang: GangView, settings: LaunchSettings, outcome: Outcome, log=say,
-                   notary: identity.Notary | None = None, details: dict | None = None) -> str:
+def record_through_notary(gang: GangView, settings: LaunchSettings, outcome: Outcome, log=say,
+                   notary: identity.NotaryClient | None = None, details: dict | None = None) -> str:
     """The coordinator records the outcome through the notary (which also stops a StatefulSet and emits the
     Event); the other members leave it to it. Returns what happened, in words, for the exit or parking message.
-    `details` go with it for a finished gang's inspection (identity.Notary.record_outcome)."""
+    `details` go with it for a finished gang's inspection (identity.NotaryClient.record_outcome)."""
     if gang.rank != COORDINATOR_RANK:
         return f"the coordinator ({gang.peers[COORDINATOR_RANK]}) records the outcome through the notary"
     if notary is None:
@@ -68,7 +68,7 @@ def record_outcome(gang: GangView, settings: LaunchSettings, outcome: Outcome, l
     return f"the notary recorded {recorded.phase} on the gang's workloads{stops}"
 
 
-def recorded_outcome(notary: identity.Notary | None, settings: LaunchSettings, log=say) -> Outcome | None:
+def recorded_outcome(notary: identity.NotaryClient | None, settings: LaunchSettings, log=say) -> Outcome | None:
     """What the notary recorded for this gang before this launcher started (rank 0: a restarted coordinator
     learns the outcome from the notary, never from what a member claims)."""
     if notary is None:
@@ -194,7 +194,7 @@ def exit_or_park(settings: LaunchSettings, code: int, recorded: str, status: Cal
 def end_member(gang: GangView, settings: LaunchSettings, outcome: Outcome, code: int, log=say,
                training_code: int | None = None) -> int:
     """Record (the coordinator only), then exit with `code`, or park where the container would be rerun."""
-    recorded = record_outcome(gang, settings, outcome, log)
+    recorded = record_through_notary(gang, settings, outcome, log)
 
     def status(state: str) -> None:
         write_local_status(settings, status_document(gang, state, outcome, training_code=training_code), log)

@@ -77,7 +77,7 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RuleDecision:
     """What the rules say about one failure, and which rule said it (for the outcome's reason)."""
 
     action: str
@@ -155,11 +155,11 @@ class FailureRules:
     def from_text(cls, text: Optional[str]) -> FailureRules:
         return cls(parse(text) if text and text.strip() else ())
 
-    def decide(self, code: int, symptom: str = "") -> Decision:
+    def decide(self, code: int, symptom: str = "") -> RuleDecision:
         """The first rule (the user's, then the default ones) with a matcher for this exit code or symptom. Every
         code 1-255 has one; anything else (a code no shell reports) fails the gang."""
         for rule in self.rules + DEFAULT_RULES:
             for matcher in rule.matchers:
                 if matcher.matches(code, symptom):
-                    return Decision(rule.action, rule, matcher)
-        return Decision(FAIL, DEFAULT_RULES[-1], DEFAULT_RULES[-1].matchers[-1])
+                    return RuleDecision(rule.action, rule, matcher)
+        return RuleDecision(FAIL, DEFAULT_RULES[-1], DEFAULT_RULES[-1].matchers[-1])

@@ -17,7 +17,7 @@ from trainhook.launcher.gang import GangView
 from trainhook.launcher.gang_protocol import set_keepalive
 from trainhook.launcher.gang_report import Report
 from trainhook.launcher.policy import LaunchSettings
-from trainhook.launcher.reach import Backoff, PeerAddress, connect, retry_floor, search_domain
+from trainhook.launcher.reach import Backoff, PeerAddress, connect_peer, retry_floor, search_domain
 from trainhook.launcher.speak import speaker
 
 # Reconnect backoff (reach.Backoff). Members usually start before rank 0's coordinator listens (or before its name
@@ -80,7 +80,7 @@ class Link(threading.Thread):
         while not self.closing.is_set():
             try:
                 channel = self._connect()
-            except (OSError, wire.Refused, ValueError) as e:
+            except (OSError, wire.RejectedMessage, ValueError) as e:
                 self.last_error = describe_error(e)
                 now = time.monotonic()
                 if not self.quiet and (self.last_error != said or now - said_at > REPORT_EVERY):
@@ -97,7 +97,7 @@ class Link(threading.Thread):
                     if body is None:
                         break
                     self.events.put(("directive", body))
-            except wire.Refused as e:
+            except wire.RejectedMessage as e:
                 why = f"refused a message from the coordinator: {e}"
                 say(why)
             except OSError as e:
@@ -110,7 +110,7 @@ class Link(threading.Thread):
                 self.events.put(("lost", why))
 
     def _connect(self) -> wire.Channel:
-        sock = connect(self.target, self.settings.port, wire.GREETING_TIMEOUT)
+        sock = connect_peer(self.target, self.settings.port, wire.GREETING_TIMEOUT)
         try:
             sock.settimeout(wire.GREETING_TIMEOUT)
             nonce = wire.new_nonce()
@@ -121,7 +121,7 @@ class Link(threading.Thread):
             if answer is None:
                 raise ConnectionError("the coordinator closed the connection")
             if "error" in answer or not isinstance(answer.get("nonce"), str):
-                raise wire.Refused(str(answer.get("error") or "no nonce in the coordinator's greeting"))
+                raise wire.RejectedMessage(str(answer.get("error") or "no nonce in the coordinator's greeting"))
             channel = wire.Channel(sock, reader, self.settings.key, "member", answer["nonce"], nonce)
             with self.lock:
                 joined = self.latest
@@ -132,7 +132,7 @@ class Link(threading.Thread):
             # A gang already done answers a (re)joining member with its outcome instead of a welcome: that is
             # the member's directive too (it ends as the gang did), not a refusal to retry until the deadline.
             if welcome.get("type") not in ("welcome", "done"):
-                raise wire.Refused(f"expected a welcome, got {str(welcome)[:120]}")
+                raise wire.RejectedMessage(f"expected a welcome, got {str(welcome)[:120]}")
             sock.settimeout(None)
             set_keepalive(sock)
             with self.lock:
@@ -154,6 +154,6 @@ def describe_error(error: BaseException) -> str:
         return "connection refused (its launcher is not listening yet)"
     if isinstance(error, (socket.timeout, TimeoutError)):
         return "timed out"
-    if isinstance(error, wire.Refused):
+    if isinstance(error, wire.RejectedMessage):
         return f"refused: {error}"
     return str(error) or type(error).__name__

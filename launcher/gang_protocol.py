@@ -32,7 +32,7 @@ LINE_LIMIT = 1 << 16
 GREETING_TIMEOUT = 10.0
 
 
-class Refused(Exception):
+class RejectedMessage(Exception):
     """A message that does not come from this gang (or not from this connection's peer)."""
 
 
@@ -57,10 +57,10 @@ class LineReader:
         self.buffer = b""
 
     def read(self) -> dict | None:
-        """The next object; None when the peer closed the connection. Raises Refused for garbage."""
+        """The next object; None when the peer closed the connection. Raises RejectedMessage for garbage."""
         while b"\n" not in self.buffer:
             if len(self.buffer) > LINE_LIMIT:
-                raise Refused("a line longer than 64 KiB")
+                raise RejectedMessage("a line longer than 64 KiB")
             chunk = self.sock.recv(65536)
             if not chunk:
                 return None
@@ -68,7 +68,7 @@ class LineReader:
         line, self.buffer = self.buffer.split(b"\n", 1)
         value = json_object(line)
         if value is None:
-            raise Refused(f"not a JSON object: {line[:80]!r}")
+            raise RejectedMessage(f"not a JSON object: {line[:80]!r}")
         return value
 
 
@@ -107,18 +107,18 @@ class Channel:
             self.sent += 1
 
     def receive(self) -> dict | None:
-        """The next message's body, checked; None when the peer closed. Raises Refused for a forgery."""
+        """The next message's body, checked; None when the peer closed. Raises RejectedMessage for a forgery."""
         message = self.reader.read()
         if message is None:
             return None
         body, seq, mac = message.get("body"), message.get("seq"), message.get("mac")
         if not isinstance(body, dict) or not isinstance(seq, int) or not isinstance(mac, str):
-            raise Refused("not a signed message")
+            raise RejectedMessage("not a signed message")
         if seq != self.received:
-            raise Refused(f"message {seq} out of order (expected {self.received}): a replay")
+            raise RejectedMessage(f"message {seq} out of order (expected {self.received}): a replay")
         expected = sign(self.token, self.in_direction, *self.nonces, seq, body)
         if not hmac.compare_digest(expected, mac):
-            raise Refused("bad signature: not signed with this gang's key (another gang, or a forgery)")
+            raise RejectedMessage("bad signature: not signed with this gang's key (another gang, or a forgery)")
         self.received += 1
         return body
 
@@ -136,19 +136,21 @@ def member_greeting(namespace: str, job: str, rank: int, nonce: str) -> dict:
 
 
 def check_member_greeting(greeting: dict | None, namespace: str, job: str, size: int) -> tuple[int, str]:
-    """(rank, member nonce) of a member's greeting for this gang; Refused with the reason otherwise. The greeting
-    is not signed (the first signed message proves the token); this only gives a stray client a clear answer."""
+    """(rank, member nonce) of a member's greeting for this gang; RejectedMessage with the reason otherwise. The
+    greeting is not signed (the first signed message proves the token); this only gives a stray client a clear
+    answer."""
     if greeting is None:
-        raise Refused("closed before greeting")
+        raise RejectedMessage("closed before greeting")
     if greeting.get("protocol") != PROTOCOL:
-        raise Refused(f"not a trainhook gang launcher (protocol {greeting.get('protocol')!r})")
+        raise RejectedMessage(f"not a trainhook gang launcher (protocol {greeting.get('protocol')!r})")
     if (greeting.get("namespace"), greeting.get("job")) != (namespace, job):
-        raise Refused(f"a launcher of gang {greeting.get('namespace')}/{greeting.get('job')}, not {namespace}/{job}")
+        raise RejectedMessage(f"a launcher of gang {greeting.get('namespace')}/{greeting.get('job')}, "
+                              f"not {namespace}/{job}")
     rank, nonce = greeting.get("rank"), greeting.get("nonce")
     if not isinstance(rank, int) or not 0 <= rank < size:
-        raise Refused(f"rank {rank!r} is not in this gang of {size}")
+        raise RejectedMessage(f"rank {rank!r} is not in this gang of {size}")
     if not isinstance(nonce, str) or len(nonce) < 16:
-        raise Refused("no nonce")
+        raise RejectedMessage("no nonce")
     return rank, nonce
 
 

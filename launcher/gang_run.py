@@ -10,7 +10,7 @@ succeeded, at once when it failed) and then:
   gang succeeded, else the gang's exit code;
 - in a pod whose containers are restarted (restartPolicy Always: a StatefulSet's), exiting would rerun the
   training, so it parks: it stays up, says why, and exits only when the pod is stopped. Only the coordinator
-  records the outcome, through the notary (ending.record_outcome), which annotates the gang's workloads, scales
+  records the outcome, through the notary (ending.record_through_notary), which annotates the gang's workloads, scales
   a StatefulSet to zero and emits an Event; the pods themselves hold no Kubernetes permission.
 
 The gang's signing key comes from the notary too (identity.py, asked once at start with the pod's projected
@@ -62,7 +62,7 @@ class MemberLauncher:
     """One member's launcher: the event loop around its training."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], gang: GangView, settings: LaunchSettings,
-                 notary: identity.Notary | None = None):
+                 notary: identity.NotaryClient | None = None):
         self.argv, self.env, self.gang, self.settings = list(argv), dict(env), gang, settings
         self.notary = notary
         self.events: queue.SimpleQueue = queue.SimpleQueue()
@@ -350,7 +350,7 @@ class MemberLauncher:
                 reap_exited()
 
     def record_outcome(self, outcome: Outcome) -> str:
-        """Only the coordinator records the outcome, through the notary (ending.record_outcome), with what a
+        """Only the coordinator records the outcome, through the notary (ending.record_through_notary), with what a
         finished gang is inspected by: when its first attempt started, and the last lines of the rank that
         decided it and of rank 0 (its own, taken here: its report may still be on the loopback)."""
         details: dict = {}
@@ -362,7 +362,7 @@ class MemberLauncher:
             if self.report.tail is not None:
                 tails[self.gang.rank] = self.report.tail
             details["logs"] = {str(rank): tails[rank] for rank in dict.fromkeys((outcome.rank, 0)) if rank in tails}
-        return ending.record_outcome(self.gang, self.settings, outcome, say, self.notary, details)
+        return ending.record_through_notary(self.gang, self.settings, outcome, say, self.notary, details)
 
     # --- the local runner's status -------------------------------------------------------------------------
     def status(self, state: str) -> None:

@@ -1,7 +1,7 @@
 """The gang's decisions, pure: rank 0's launcher decides here, for the whole gang, when to start, stop, restart
 and end.
 
-Why a module of its own: `GangState` is the coordinator's bookkeeping and rules with no socket and no thread:
+Why a module of its own: `CoordinatorState` is the coordinator's bookkeeping and rules with no socket and no thread:
 events in (a member joined, reported, went away; time passed), messages out (`outbox`: (rank, body)), log lines
 out (`log`) and Events for the notary out (`events`). coordinator.py carries them over the network; the tests
 drive this module directly, with a clock of their own.
@@ -41,7 +41,7 @@ from trainhook.launcher.gang import GangView
 from trainhook.launcher.gang_report import DONE, EXITED, IDLE, RUNNING, STOPPED, Record, Report
 from trainhook.launcher.outcome import (EXIT_DEADLINE, EXIT_LOST, EXIT_NOT_ASSEMBLED, FAILED, SUCCEEDED, Outcome,
                                         now_rfc3339)
-from trainhook.launcher.policy import ACTIVE_DEADLINE_SECONDS, RESTART_GANG, Policy
+from trainhook.launcher.policy import ACTIVE_DEADLINE_SECONDS, RESTART_GANG, GangPolicy
 from trainhook.launcher.reach import describe
 
 ASSEMBLING, RUNNING_PHASE, RESTARTING, DONE_PHASE = "assembling", "running", "restarting", "done"
@@ -62,9 +62,9 @@ def deciding_rank(gang: GangView) -> int:
 
 
 @dataclass
-class GangState:
+class CoordinatorState:
     gang: GangView
-    policy: Policy
+    policy: GangPolicy
     now: float  # wall-clock time of creation (the first barrier starts here)
     phase: str = ASSEMBLING
     attempt: int = 0

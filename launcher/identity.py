@@ -52,7 +52,7 @@ class NotaryError(Exception):
         self.status = status
 
 
-class Notary:
+class NotaryClient:
     """One notary endpoint, as injected: its base URL, the CA bundle that signs its certificate, and where this
     pod's identity token is."""
 
@@ -187,23 +187,23 @@ def describe_notary_error(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def from_env(env: Mapping[str, str]) -> Notary | None:
+def from_env(env: Mapping[str, str]) -> NotaryClient | None:
     """The notary the webhook named in this pod's environment, or None when it named none (a pod not admitted
     by a webhook with a notary). NotaryError for values that cannot be used."""
     url = env.get(keys.TH_NOTARY, "").strip()
     if not url:
         return None
-    return Notary(url, env.get(keys.TH_NOTARY_CA, ""), env.get(TH_IDENTITY_TOKEN, "").strip() or TOKEN_FILE)
+    return NotaryClient(url, env.get(keys.TH_NOTARY_CA, ""), env.get(TH_IDENTITY_TOKEN, "").strip() or TOKEN_FILE)
 
 
-def from_settings(settings: LaunchSettings) -> Notary | None:
+def from_settings(settings: LaunchSettings) -> NotaryClient | None:
     """from_env, for what policy.read_settings kept of the same variables."""
     if not settings.notary_url:
         return None
-    return Notary(settings.notary_url, settings.notary_ca, settings.identity_token)
+    return NotaryClient(settings.notary_url, settings.notary_ca, settings.identity_token)
 
 
-def emit_in_background(notary: Notary | None, type_: str, reason: str, message: str, log=say) -> None:
+def emit_in_background(notary: NotaryClient | None, type_: str, reason: str, message: str, log=say) -> None:
     """Hand an Event to the notary on a thread of its own: best effort, never holding the gang up (the
     coordinator's gang restarts, through gang_run)."""
     if notary is None:

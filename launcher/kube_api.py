@@ -44,7 +44,7 @@ class NoCredentials(KubeError):
     """Nothing here says how to reach an API server (not a pod, no usable kubeconfig)."""
 
 
-class Unreachable(KubeError):
+class ApiUnreachable(KubeError):
     """The API server did not answer (connection refused, TLS failure, timeout)."""
 
 
@@ -91,7 +91,7 @@ class Client:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def request(self, method: str, path: str, body: object = None, content_type: str = "application/json") -> dict:
-        """One JSON call; the decoded answer, or ApiError / Unreachable."""
+        """One JSON call; the decoded answer, or ApiError / ApiUnreachable."""
         headers = {"Accept": "application/json", **self.headers()}
         data = None
         if body is not None:
@@ -103,7 +103,7 @@ class Client:
             response = connection.getresponse()
             raw = response.read()
         except (OSError, http.client.HTTPException) as e:
-            raise Unreachable(f"the API server at {self.where} is not reachable ({e})") from e
+            raise ApiUnreachable(f"the API server at {self.where} is not reachable ({e})") from e
         finally:
             connection.close()
         if response.status >= 300:
@@ -111,7 +111,7 @@ class Client:
         try:
             return json.loads(raw.decode("utf-8")) if raw else {}
         except ValueError as e:
-            raise Unreachable(f"the API server at {self.where} answered {method} {path} with no JSON") from e
+            raise ApiUnreachable(f"the API server at {self.where} answered {method} {path} with no JSON") from e
 
     def get(self, path: str) -> dict:
         return self.request("GET", path)
@@ -135,13 +135,13 @@ class Client:
             if code != 101:
                 raise ApiError(code, status_message(code, reason, read_body(sock, headers, rest)))
             if headers.get("sec-websocket-accept") != accept_key(key):
-                raise Unreachable(f"the API server at {self.where} answered the websocket upgrade wrongly")
+                raise ApiUnreachable(f"the API server at {self.where} answered the websocket upgrade wrongly")
         except (OSError, ValueError, KubeError) as e:
             if sock is not None:
                 sock.close()
             if isinstance(e, KubeError):
                 raise
-            raise Unreachable(f"the API server at {self.where} is not reachable ({e})") from e
+            raise ApiUnreachable(f"the API server at {self.where} is not reachable ({e})") from e
         sock.settimeout(None)  # an exec runs as long as its command
         return WebSocket(sock, headers.get("sec-websocket-protocol", ""), rest)
 

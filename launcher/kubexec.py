@@ -145,7 +145,7 @@ def choose_transport(explicit: str, env: Mapping[str, str]) -> tuple[str, Path |
     return transport, run_dir
 
 
-def fail(call: AgentCall, why: str) -> int:
+def agent_failed(call: AgentCall, why: str) -> int:
     print(f"trainhook-launch kubexec {call.host}: {why}", file=sys.stderr, flush=True)
     return EXIT_AGENT_FAILED
 
@@ -261,18 +261,18 @@ def kubexec(call: AgentCall, env: Mapping[str, str]) -> int:
     try:
         api = kube_api.any_client(service_account_dir(env), env)
     except kube_api.NoCredentials as e:
-        return fail(call, str(e))
+        return agent_failed(call, str(e))
     try:
         pod = find_pod(api, namespace, call.pod_label, env)
     except kube_api.ApiError as e:
         hint = (" (the kubexec transport needs get/list on pods and create/get on pods/exec, which the chart "
                 "no longer grants: bind a Role for this gang's pods to this pod's ServiceAccount, or use the "
                 "default gang transport)" if e.status == 403 else "")
-        return fail(call, f"cannot read {where}: {e}{hint}")
+        return agent_failed(call, f"cannot read {where}: {e}{hint}")
     except kube_api.KubeError as e:
-        return fail(call, f"cannot read {where}: {e}")
+        return agent_failed(call, f"cannot read {where}: {e}")
     except LookupError as e:
-        return fail(call, str(e))
+        return agent_failed(call, str(e))
     name, container = pod["metadata"]["name"], container_of(pod, call.container)
     where = f"pod {namespace}/{name} (container {container})"
     try:
@@ -281,16 +281,16 @@ def kubexec(call: AgentCall, env: Mapping[str, str]) -> int:
     except kube_api.KubeError as e:
         phase = (pod.get("status") or {}).get("phase") or "unknown"
         node = pod["spec"].get("nodeName") or "no node"
-        return fail(call, f"cannot exec in {where}, phase {phase}, {node}: {e}")
+        return agent_failed(call, f"cannot exec in {where}, phase {phase}, {node}: {e}")
     try:
         raw = relay(ws)
     except OSError as e:
-        return fail(call, f"in {where}: the exec stream broke ({e})")
+        return agent_failed(call, f"in {where}: the exec stream broke ({e})")
     finally:
         ws.close()
     code, message = exit_status(raw.decode(errors="replace"))
     if message:
-        return fail(call, f"in {where}: {message}")
+        return agent_failed(call, f"in {where}: {message}")
     return code
 
 
@@ -328,7 +328,7 @@ def install_agent(path: Path, transport: str, run_dir: Path | None) -> None:
 
 # --- entry ---------------------------------------------------------------------------------------------------
 
-def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
+def run_agent_call(argv: Sequence[str], env: Mapping[str, str]) -> int:
     call = parse_call(argv)
     transport, run_dir = choose_transport(call.transport, env)
     if call.run_dir:
@@ -338,7 +338,7 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
         try:
             os.execvp(argv_[0], argv_)
         except OSError as e:
-            return fail(call, f"cannot run ssh: {e.strerror or e}")
+            return agent_failed(call, f"cannot run ssh: {e.strerror or e}")
     if transport == "gang":
         doorway = Path(call.doorway) if call.doorway else mpi_exec.doorway_path(Path(AGENT_PATH))
         return mpi_exec.run_agent(call.host, call.remote_command, doorway)
@@ -347,9 +347,9 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
         try:
             mpi_local.exec_in(run_dir, call.pod_label, [REMOTE_SHELL, "-c", call.remote_command])
         except (mpi_local.LocalPodError, OSError) as e:
-            return fail(call, str(e))
+            return agent_failed(call, str(e))
     return kubexec(call, env)
 
 
 def main(argv: Sequence[str]) -> int:
-    return run(argv, os.environ)
+    return run_agent_call(argv, os.environ)

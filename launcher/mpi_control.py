@@ -68,7 +68,7 @@ class ControlError(Exception):
     """A peer that is not (or no longer) a usable member of this gang's control channel."""
 
 
-class Refused(ControlError):
+class WorkerRefused(ControlError):
     """The worker answered and said no: waiting longer will not change it."""
 
 
@@ -187,7 +187,7 @@ def check_setup(setup: Setup) -> str:
     return ""
 
 
-def hello(gang: GangView, token: bytes, worker_challenge: str, own_challenge: str, setup: Setup) -> dict:
+def control_hello(gang: GangView, token: bytes, worker_challenge: str, own_challenge: str, setup: Setup) -> dict:
     return {"protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
             "proof": proof(token, "launcher", worker_challenge), "challenge": own_challenge,
             "transport": setup.transport, "agent": setup.agent, "run_dir": setup.run_dir}
@@ -243,15 +243,15 @@ def worker_opening(channel: LineSocket) -> str:
 
 
 def worker_answer(channel: LineSocket, token: bytes, mine: str) -> dict:
-    """The worker's answer to our hello, its proof checked; Refused/ControlError otherwise."""
+    """The worker's answer to our hello, its proof checked; WorkerRefused/ControlError otherwise."""
     answer = channel.receive(HELLO_TIMEOUT)
     if answer is None:
         raise ControlError("it closed the connection without answering" if channel.closed else
                            f"no answer within {HELLO_TIMEOUT:g}s")
     if not answer.get("ok"):
-        raise Refused(f"it refused: {answer.get('error', 'no reason given')}")
+        raise WorkerRefused(f"it refused: {answer.get('error', 'no reason given')}")
     if not hmac.compare_digest(str(answer.get("proof", "")), proof(token, "worker", mine)):
-        raise Refused("it does not hold this gang's key")
+        raise WorkerRefused("it does not hold this gang's key")
     return answer
 
 
@@ -281,12 +281,13 @@ class WorkerLink:
         self.channel.close()
 
 
-def connect(gang: GangView, peer: Peer, port: int, token: bytes, setup: Setup, timeout: float = 3.0) -> WorkerLink:
+def connect_worker(gang: GangView, peer: Peer, port: int, token: bytes, setup: Setup,
+                   timeout: float = 3.0) -> WorkerLink:
     """Open the control connection to one worker, authenticated both ways; raises OSError or ControlError."""
     channel = open_channel(peer.address, port, timeout)
     try:
         theirs, mine = worker_opening(channel), challenge()
-        channel.send(hello(gang, token, theirs, mine, setup))
+        channel.send(control_hello(gang, token, theirs, mine, setup))
         answer = worker_answer(channel, token, mine)
         slots = answer.get("slots")
         if not isinstance(slots, int) or slots < 1:
@@ -300,7 +301,7 @@ def connect(gang: GangView, peer: Peer, port: int, token: bytes, setup: Setup, t
 def connect_spawn(gang: GangView, address: str, port: int, token: bytes, command: str,
                   timeout: float = 3.0) -> LineSocket:
     """A spawn connection to the worker at `address`, authenticated both ways and accepted; what follows on it is
-    mpi_exec's frames. Raises OSError or ControlError (Refused when the worker said no)."""
+    mpi_exec's frames. Raises OSError or ControlError (WorkerRefused when the worker said no)."""
     channel = open_channel(address, port, timeout)
     try:
         theirs, mine = worker_opening(channel), challenge()

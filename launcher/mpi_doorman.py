@@ -179,7 +179,7 @@ class Doorman:
                 refusal = "this worker already serves a launcher" if self.claimed else ""
                 self.claimed = self.claimed or not refusal
             if not refusal and setup is not None:
-                refusal = install_agent(setup)
+                refusal = install_worker_agent(setup)
                 if refusal:
                     with self.lock:
                         self.claimed = False
@@ -207,7 +207,7 @@ class Doorman:
             run_spawn(channel, command, self.children, self.env, deadline, self.say)
 
 
-def install_agent(setup: control.Setup) -> str:
+def install_worker_agent(setup: control.Setup) -> str:
     """Install the launcher's rsh agent here too ('' when done, else why not): OpenMPI's orted checks that the
     plm_rsh_agent it is given exists before it starts, on every node."""
     if not setup.agent:

@@ -225,7 +225,7 @@ class Doorway:
 
 # --- the agent's side ------------------------------------------------------------------------------------------
 
-def fail(host: str, why: str) -> int:
+def gang_agent_failed(host: str, why: str) -> int:
     print(f"trainhook-launch kubexec {host}: {why}", file=sys.stderr, flush=True)
     return EXIT_AGENT_FAILED
 
@@ -291,12 +291,12 @@ def run_agent(host: str, command: str, doorway: Path) -> int:
     try:
         sock = ask_doorway(doorway, host, command)
     except RuntimeError as e:
-        return fail(host, str(e))
+        return gang_agent_failed(host, str(e))
     if sock is None:  # the launcher's own pod: this container, as ssh to oneself would reach it
         try:
             os.execv(REMOTE_SHELL, [REMOTE_SHELL, "-c", command])
         except OSError as e:
-            return fail(host, f"cannot run {REMOTE_SHELL}: {e.strerror or e}")
+            return gang_agent_failed(host, f"cannot run {REMOTE_SHELL}: {e.strerror or e}")
     with sock:
         sock.settimeout(None)
         try:
@@ -310,7 +310,7 @@ def run_agent(host: str, command: str, doorway: Path) -> int:
             while True:
                 frame = reader.read()
                 if frame is None:
-                    return fail(host, "the connection to its mpi-worker closed without an exit status "
+                    return gang_agent_failed(host, "the connection to its mpi-worker closed without an exit status "
                                       "(the worker pod ended?)")
                 channel, data = frame
                 if channel == STDOUT:
@@ -321,4 +321,4 @@ def run_agent(host: str, command: str, doorway: Path) -> int:
                     text = data.decode(errors="replace")
                     return int(text) if text.isdigit() and int(text) <= 255 else EXIT_AGENT_FAILED
         except (OSError, FrameError) as e:
-            return fail(host, f"the connection to its mpi-worker broke: {e}")
+            return gang_agent_failed(host, f"the connection to its mpi-worker broke: {e}")

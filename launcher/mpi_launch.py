@@ -163,12 +163,12 @@ def reach_workers(gang: GangView, workers: Sequence[Peer], port: int, timeout: f
     def attempt(peer: Peer) -> tuple[Peer, control.WorkerLink | None, str]:
         nonlocal refused
         try:
-            return peer, control.connect(gang, peer, port, token, setup), ""
+            return peer, control.connect_worker(gang, peer, port, token, setup), ""
         except ConnectionRefusedError as e:
             return peer, None, f"{why(e)} (is it running `trainhook-launch mpi-worker`?)"
         except OSError as e:
             return peer, None, why(e)
-        except control.Refused as e:
+        except control.WorkerRefused as e:
             refused = True
             return peer, None, str(e)
         except control.ControlError as e:

@@ -92,7 +92,7 @@ def pod_names(run_dir: Path) -> list[tuple[str, str]]:
     return pods
 
 
-def find_pod(run_dir: Path, host: str) -> str:
+def local_pod_name(run_dir: Path, host: str) -> str:
     """The name of the pod whose hostname (or name) is the first label of `host`, e.g. `mpi-worker-1.mpi`."""
     label = host.split(".", 1)[0]
     pods = pod_names(run_dir)
@@ -110,7 +110,7 @@ def exec_argv(run_dir: Path, pod: str, command: list[str]) -> list[str]:
 
 def exec_in(run_dir: Path, host: str, command: list[str]) -> None:
     """Replace this process with `command` running inside the local pod `host` (never returns)."""
-    argv = exec_argv(run_dir, find_pod(run_dir, host), command)
+    argv = exec_argv(run_dir, local_pod_name(run_dir, host), command)
     if not os.access(argv[0], os.X_OK):
         raise LocalPodError(f"the local run {run_dir} has no {argv[0]} (written by `trainhook local` when a run "
                             f"starts; is this trainhook local older than the launcher?)")

@@ -26,7 +26,7 @@ import time
 from typing import Mapping, Sequence
 
 from trainhook.launcher import mpi_control as control
-from trainhook.launcher.mpi_doorman import Doorman, install_agent  # noqa: F401  (install_agent: re-exported)
+from trainhook.launcher.mpi_doorman import Doorman
 from trainhook.launcher.mpi_spawn import Children
 from trainhook.launcher.gang import ConfigError, GangView
 from trainhook.launcher.process import exit_code

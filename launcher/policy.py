@@ -40,7 +40,7 @@ PORT_SHIFT_WINDOW = 64  # attempts shift MASTER_PORT by (attempt - 1) mod this
 
 
 @dataclass(frozen=True)
-class Policy:
+class GangPolicy:
     """What the gang does about failures and time, read from the environment of rank 0 (the coordinator)."""
 
     on_failure: str = FAIL_GANG
@@ -55,7 +55,7 @@ class Policy:
 class LaunchSettings:
     """Everything one launcher needs beyond its gang: the policy, ports, graces, and where it runs."""
 
-    policy: Policy
+    policy: GangPolicy
     # The gang's signing key (gang_protocol), from the notary (identity.py): never from the environment, so
     # read_settings leaves it empty and the launcher fills it in once the notary has answered.
     key: bytes
@@ -129,7 +129,7 @@ def read_settings(env: Mapping[str, str], gang: GangView) -> LaunchSettings:
                         f"({', '.join(RESTART_POLICIES)})")
     if problems:
         raise ConfigError(problems)
-    policy = Policy(on_failure, max_restarts, deadline or None, gang.wait_timeout or 600.0, rules, settle)
+    policy = GangPolicy(on_failure, max_restarts, deadline or None, gang.wait_timeout or 600.0, rules, settle)
     return LaunchSettings(policy=policy, key=b"", port=port,
                           finish_grace=finish, stop_grace=stop, restart_policy=restart, workload_kind=kind,
                           workload_name=name, state_dir=env.get(keys.TH_STATE_DIR, "").strip(),

@@ -143,7 +143,7 @@ class PeerAddress:
         return self.name if self.address is None else f"{self.name} ({self.address})"
 
 
-def connect(peer: PeerAddress, port: int, timeout: float) -> socket.socket:
+def connect_peer(peer: PeerAddress, port: int, timeout: float) -> socket.socket:
     """A TCP connection to the peer's address (resolved or reused); the error raised is the connect's or the
     lookup's, and the peer is told about it."""
     try:

@@ -12,13 +12,14 @@ import socket
 import time
 
 from trainhook.launcher.gang import GangView
-from trainhook.launcher.reach import LISTED, Backoff, PeerAddress, connect, describe, listen, retry_floor, search_domain
+from trainhook.launcher.reach import (LISTED, Backoff, PeerAddress, connect_peer, describe, listen, retry_floor,
+                                      search_domain)
 from trainhook.launcher.wait_dns import CONNECT_TIMEOUT, MEMBER_FLOOR, REPORT_EVERY, Progress, Result, say, wait_names
 
 PROTOCOL = "trainhook-gang/2"  # /1 was the symmetric all-to-all barrier; a /1 hello is refused by name
 
 
-def hello(gang: GangView) -> bytes:
+def barrier_hello(gang: GangView) -> bytes:
     """The line a member sends rank 0: gang identity first, so a stray connection from another gang is refused."""
     return f"{PROTOCOL} {gang.namespace} {gang.job_name} {gang.rank}\n".encode()
 
@@ -237,8 +238,8 @@ def join_gathering(gang: GangView, deadline: float) -> Result:
     while time.monotonic() < deadline:
         floor = MEMBER_FLOOR
         try:
-            with connect(target, gang.gang_wait_port, CONNECT_TIMEOUT) as conn:
-                conn.sendall(hello(gang))
+            with connect_peer(target, gang.gang_wait_port, CONNECT_TIMEOUT) as conn:
+                conn.sendall(barrier_hello(gang))
                 lines = Lines(conn)
                 reply = lines.read(min(deadline, time.monotonic() + CONNECT_TIMEOUT))
                 if reply != f"ok {rank0.rank}":

@@ -16,7 +16,7 @@ from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_report import Report
 from trainhook.launcher.gang import parse_gang
 from trainhook.launcher.gang_link import Link
-from trainhook.launcher.policy import Policy, read_settings
+from trainhook.launcher.policy import GangPolicy, read_settings
 
 TRICKLERS = 400
 
@@ -34,7 +34,7 @@ def closed_by_peer(sock: socket.socket) -> bool:
 def test_trickling_clients_are_bounded_closed_in_time_and_a_real_member_still_joins():
     port = free_port()
     lines: list[str] = []
-    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=lines.append)
+    coordinator = Coordinator(gang(2), GangPolicy(), TOKEN, port, log=lines.append)
     threads_before = threading.active_count()
     coordinator.start()
     clients: list[socket.socket] = []

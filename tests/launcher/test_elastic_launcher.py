@@ -15,12 +15,12 @@ import pytest
 
 from trainhook.gang import keys
 from trainhook.launcher.coordinator import Coordinator
-from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_state import CoordinatorState
 from trainhook.launcher.gang_report import EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.gang import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.gang_link import Link
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED
-from trainhook.launcher.policy import RESTART_GANG, TORCH_DISABLE_SHARED_STORE, Policy, attempt_env, read_settings
+from trainhook.launcher.policy import RESTART_GANG, TORCH_DISABLE_SHARED_STORE, GangPolicy, attempt_env, read_settings
 from trainhook.launcher.wait import elastic_wait_view
 
 GANG_KEY = b"e" * 64
@@ -86,23 +86,23 @@ def gang(rank: int = 0, size: int = 4, elastic: tuple[int, int] | None = (2, 4))
                 gang_wait_port=29499, wait_timeout=600.0, elastic=elastic)
 
 
-def state(**policy) -> GangState:
-    return GangState(gang(), Policy(**policy), now=1000.0)
+def state(**policy) -> CoordinatorState:
+    return CoordinatorState(gang(), GangPolicy(**policy), now=1000.0)
 
 
-def drain(s: GangState) -> list[tuple[int, str]]:
+def drain(s: CoordinatorState) -> list[tuple[int, str]]:
     out = [(rank, body["type"]) for rank, body in s.outbox]
     s.outbox.clear()
     s.log.clear()
     return out
 
 
-def report(s: GangState, rank: int, status: str, code: int | None = None) -> None:
+def report(s: CoordinatorState, rank: int, status: str, code: int | None = None) -> None:
     s.reported(rank, rank + 1, Report(attempt=s.attempt, status=status, code=code, restarts=s.restarts,
                                       since=s.since))
 
 
-def running(s: GangState, members: int = 2) -> GangState:
+def running(s: CoordinatorState, members: int = 2) -> CoordinatorState:
     for rank in range(members):
         s.joined(rank, rank + 1, Report())
     drain(s)
@@ -143,7 +143,7 @@ def test_a_launcher_gone_without_a_word_is_not_a_failure_either():
 
 
 def test_a_fixed_size_gang_still_fails_when_a_member_goes():
-    s = GangState(gang(size=2, elastic=None), Policy(), now=1000.0)
+    s = CoordinatorState(gang(size=2, elastic=None), GangPolicy(), now=1000.0)
     running(s)
     s.left(1, 2, "SIGTERM")  # only an elastic gang's member may leave
     s.lost(1, 2)
@@ -227,7 +227,7 @@ def next_directive(events: queue.SimpleQueue, kind: str, timeout: float = 10.0) 
 def test_over_tcp_a_member_leaves_and_another_joins_the_running_attempt():
     port = free_port()
     lines: list[str] = []
-    coordinator = Coordinator(gang(), Policy(), GANG_KEY, port, log=lines.append)
+    coordinator = Coordinator(gang(), GangPolicy(), GANG_KEY, port, log=lines.append)
     coordinator.start()
     links = {}
     try:

@@ -19,11 +19,11 @@ from objects import review, statefulset
 from webhook_process import free_port
 
 from trainhook.launcher import failure_cause
-from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_state import CoordinatorState
 from trainhook.launcher.gang_report import EXITED, STOPPED, Report
 from trainhook.launcher.failure_rules import DEFAULT_TEXT, FailureRules, RulesError, parse
 from trainhook.launcher.gang import ConfigError, GangView, Peer
-from trainhook.launcher.policy import RESTART_GANG, Policy, read_settings
+from trainhook.launcher.policy import RESTART_GANG, GangPolicy, read_settings
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 # A worker that fails one way on attempt 1 (TRAINHOOK_ATTEMPT, which torchrun passes on) in local rank 1, then works.
@@ -84,12 +84,12 @@ def test_malformed_rules_are_refused_saying_what_is_wrong(text, message):
 
 # --- the coordinator's decision -----------------------------------------------------------------------------------
 
-def gang_state(rules: str = "", settle: float = 3.0, size: int = 3) -> GangState:
+def gang_state(rules: str = "", settle: float = 3.0, size: int = 3) -> CoordinatorState:
     peers = tuple(Peer("worker", i, i, f"w-{i}.g") for i in range(size))
     gang = GangView(framework="pytorch", job_name="g", namespace="ns", role="worker", index=0, rank=0, peers=peers,
                 subdomain="g", address=peers[0].address, port=23456, gang_wait="dns", gang_wait_port=29499,
                 wait_timeout=600.0)
-    state = GangState(gang, Policy(RESTART_GANG, 3, rules=FailureRules.from_text(rules), settle=settle), now=1000.0)
+    state = CoordinatorState(gang, GangPolicy(RESTART_GANG, 3, rules=FailureRules.from_text(rules), settle=settle), now=1000.0)
     for rank in range(size):
         state.joined(rank, rank + 1, Report())
     state.outbox.clear()
@@ -97,7 +97,7 @@ def gang_state(rules: str = "", settle: float = 3.0, size: int = 3) -> GangState
     return state
 
 
-def exit_report(state: GangState, rank: int, code: int, symptom: str = "", cause: str = "",
+def exit_report(state: CoordinatorState, rank: int, code: int, symptom: str = "", cause: str = "",
                 status: str = EXITED) -> None:
     state.reported(rank, rank + 1, Report(attempt=state.attempt, status=status, code=code, restarts=state.restarts,
                                           since=state.since, cause=cause, symptom=symptom))

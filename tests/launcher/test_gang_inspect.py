@@ -16,12 +16,12 @@ from gang_notary import GangNotary, indexed_job
 
 from trainhook.gang import keys
 from trainhook.cluster.status import format_list, format_status, gang_state, kept_lines
-from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_state import CoordinatorState
 from trainhook.launcher.gang_report import EXITED, STOPPED, Report
 from trainhook.launcher.gang import GangView, Peer
 from trainhook.launcher.gang_report import MAX_TAIL
 from trainhook.launcher.failure_cause import command_missing
-from trainhook.launcher.policy import Policy
+from trainhook.launcher.policy import GangPolicy
 from trainhook.webhook.notary_records import (MAX_LINES, MAX_LINES_BYTES, BadBody, parse_outcome, rank_pods,
                                               record_patch)
 
@@ -124,12 +124,12 @@ def test_a_report_carries_a_bounded_tail_and_cause():
         Report.from_dict({**body, "cause": 5})
 
 
-def gang_state_of(size: int) -> GangState:
+def gang_state_of(size: int) -> CoordinatorState:
     peers = tuple(Peer("worker", i, i, f"g-{i}.g") for i in range(size))
     gang = GangView(framework="pytorch", job_name="g", namespace="ns", role="worker", index=0, rank=0, peers=peers,
                 subdomain="g", address=peers[0].address, port=23456, gang_wait="dns", gang_wait_port=29499,
                 wait_timeout=600.0)
-    state = GangState(gang, Policy(), now=1000.0)
+    state = CoordinatorState(gang, GangPolicy(), now=1000.0)
     for rank in range(size):
         state.joined(rank, rank + 1, Report())
     return state

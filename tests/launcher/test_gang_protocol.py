@@ -16,12 +16,12 @@ from gang_notary import GangNotary, indexed_job
 
 from trainhook.launcher import gang_protocol as wire
 from trainhook.launcher.coordinator import Coordinator
-from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_state import CoordinatorState
 from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.gang import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.gang_link import Link
 from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, SUCCEEDED, Outcome
-from trainhook.launcher.policy import FAIL_GANG, RESTART_GANG, Policy, attempt_env, read_settings
+from trainhook.launcher.policy import FAIL_GANG, RESTART_GANG, GangPolicy, attempt_env, read_settings
 
 TOKEN = b"a" * 64
 
@@ -54,7 +54,7 @@ def test_signed_messages_pass_both_ways():
 def test_a_message_signed_with_another_gangs_token_is_refused():
     coordinator, member = channels(member_token=b"b" * 64)
     member.send({"type": "state", "report": {"status": "exited", "code": 0}})
-    with pytest.raises(wire.Refused, match="bad signature"):
+    with pytest.raises(wire.RejectedMessage, match="bad signature"):
         coordinator.receive()
 
 
@@ -64,7 +64,7 @@ def test_a_replayed_or_reordered_message_is_refused():
     line = coordinator.reader.sock.recv(65536)
     coordinator.reader.buffer = line + line  # the same signed line twice
     assert coordinator.receive() == {"type": "state", "n": 1}
-    with pytest.raises(wire.Refused, match="out of order"):
+    with pytest.raises(wire.RejectedMessage, match="out of order"):
         coordinator.receive()
 
 
@@ -74,7 +74,7 @@ def test_a_tampered_message_is_refused():
     message = json.loads(coordinator.reader.sock.recv(65536))
     message["body"]["report"]["code"] = 0
     coordinator.reader.buffer = json.dumps(message).encode() + b"\n"
-    with pytest.raises(wire.Refused, match="bad signature"):
+    with pytest.raises(wire.RejectedMessage, match="bad signature"):
         coordinator.receive()
 
 
@@ -83,7 +83,7 @@ def test_a_message_reflected_back_to_its_sender_is_refused():
     member.send({"type": "state"})
     line = coordinator.reader.sock.recv(65536)
     member.reader.buffer = line  # the member's own signed message, sent back to it as if from the coordinator
-    with pytest.raises(wire.Refused, match="bad signature"):
+    with pytest.raises(wire.RejectedMessage, match="bad signature"):
         member.receive()
 
 
@@ -95,30 +95,30 @@ def test_a_message_reflected_back_to_its_sender_is_refused():
     (wire.member_greeting("ns", "g", 1, ""), "no nonce"),
 ])
 def test_greetings_from_outside_the_gang_are_refused_with_the_reason(greeting, message):
-    with pytest.raises(wire.Refused, match=message):
+    with pytest.raises(wire.RejectedMessage, match=message):
         wire.check_member_greeting(greeting, "ns", "g", 3)
 
 
 # --- the coordinator's decisions ---------------------------------------------------------------------------------
 
-def state(size: int = 3, **policy) -> GangState:
-    return GangState(gang(size), Policy(**policy), now=1000.0)
+def state(size: int = 3, **policy) -> CoordinatorState:
+    return CoordinatorState(gang(size), GangPolicy(**policy), now=1000.0)
 
 
-def drain(s: GangState) -> list[tuple[int, str]]:
+def drain(s: CoordinatorState) -> list[tuple[int, str]]:
     out = [(rank, body["type"]) for rank, body in s.outbox]
     s.outbox.clear()
     return out
 
 
-def assemble(s: GangState) -> None:
+def assemble(s: CoordinatorState) -> None:
     for rank in range(len(s.records)):
         s.joined(rank, rank + 1, Report())
     drain(s)
     s.log.clear()
 
 
-def report(s: GangState, rank: int, status: str, code: int | None = None) -> None:
+def report(s: CoordinatorState, rank: int, status: str, code: int | None = None) -> None:
     s.reported(rank, rank + 1, Report(attempt=s.attempt, status=status, code=code, restarts=s.restarts,
                                       since=s.since))
 
@@ -160,7 +160,7 @@ def tensorflow_gang(shape: list[tuple[str, int]]) -> GangView:
 
 def test_without_a_chief_tensorflows_worker_0_decides_success_and_a_parameter_server_never_does():
     """Kubeflow's TFJob rule: rank 0 here is the parameter server, which serves until it is stopped."""
-    s = GangState(tensorflow_gang([("ps", 1), ("worker", 2)]), Policy(), now=1000.0)
+    s = CoordinatorState(tensorflow_gang([("ps", 1), ("worker", 2)]), GangPolicy(), now=1000.0)
     assemble(s)
     report(s, 0, EXITED, 0)  # a parameter server that ends on its own decides nothing
     assert s.outcome is None and "waiting for rank 1 (worker-0 at tf-worker-0.tf)" in s.log[-1]
@@ -172,7 +172,7 @@ def test_without_a_chief_tensorflows_worker_0_decides_success_and_a_parameter_se
 
 
 def test_a_tensorflow_chief_decides_success_when_there_is_one():
-    s = GangState(tensorflow_gang([("chief", 1), ("ps", 1), ("worker", 1)]), Policy(), now=1000.0)
+    s = CoordinatorState(tensorflow_gang([("chief", 1), ("ps", 1), ("worker", 1)]), GangPolicy(), now=1000.0)
     assemble(s)
     report(s, 2, EXITED, 0)
     assert s.outcome is None
@@ -318,7 +318,7 @@ def env(**more: str) -> dict[str, str]:
 
 def test_settings_default_to_fail_gang_and_a_parking_statefulset():
     settings = read_settings(env(), parse_gang(env()))
-    assert settings.policy == Policy(FAIL_GANG, 3, None, 600.0)
+    assert settings.policy == GangPolicy(FAIL_GANG, 3, None, 600.0)
     assert (settings.workload_kind, settings.workload_name, settings.restart_policy, settings.parks) == (
         "StatefulSet", "g", "Always", True)
     assert settings.port == 29497 and settings.key == b""  # the key never comes from the environment
@@ -387,7 +387,7 @@ def started_tcp_gang(log) -> tuple[Coordinator, object, list]:
     """A real coordinator on a free port and both members' Links of a 2-pod gang, its first attempt started;
     (the coordinator, the members' settings, [(link, events)]). The caller closes them."""
     port = free_port()
-    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=log)
+    coordinator = Coordinator(gang(2), GangPolicy(), TOKEN, port, log=log)
     coordinator.start()
     settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
     settings = type(settings)(**{**settings.__dict__, "key": TOKEN})

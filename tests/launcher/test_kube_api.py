@@ -119,7 +119,7 @@ def test_an_unreachable_server_is_one_line(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     client = kube_api.Client("127.0.0.1", port, kube_api.ssl.create_default_context())
-    with pytest.raises(kube_api.Unreachable, match=rf"^the API server at 127.0.0.1:{port} is not reachable \("):
+    with pytest.raises(kube_api.ApiUnreachable, match=rf"^the API server at 127.0.0.1:{port} is not reachable \("):
         client.get("/api")
 
 

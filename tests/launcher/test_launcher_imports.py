@@ -72,7 +72,7 @@ def test_the_launcher_imports_form_no_cycle():
 def test_the_scan_sees_function_level_relative_and_type_checking_imports():
     tree = ast.parse("from trainhook.launcher import run as r, gang\nimport trainhook.launcher.wait\n"
                      "def f():\n    from trainhook.launcher.ending import end_member\n"
-                     "    from .reach import connect\n"
+                     "    from .reach import connect_peer\n"
                      "if TYPE_CHECKING:\n    from trainhook.launcher.coordinator import Coordinator\n"
                      "from trainhook import keys\nimport json\n")
     assert imports_of(tree) == {"run", "gang", "wait", "ending", "reach", "coordinator"}

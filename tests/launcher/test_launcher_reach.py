@@ -19,7 +19,7 @@ from trainhook.launcher.coordinator import Coordinator
 from trainhook.launcher.gang_report import Report
 from trainhook.launcher.gang import parse_gang
 from trainhook.launcher.gang_link import Link
-from trainhook.launcher.policy import Policy, read_settings
+from trainhook.launcher.policy import GangPolicy, read_settings
 
 
 class CountingLookup:
@@ -49,13 +49,13 @@ def test_a_refused_peer_is_not_asked_again_and_a_lost_one_is():
     try:
         for _ in range(5):  # the peer's process does not listen yet: same host, same address
             with pytest.raises(ConnectionRefusedError):
-                reach.connect(peer, port, 1.0)
+                reach.connect_peer(peer, port, 1.0)
         assert lookup.asked == ["job-0.job.ml.svc.cluster.local."]  # once, absolute
         server.listen()
-        reach.connect(peer, port, 1.0).close()
+        reach.connect_peer(peer, port, 1.0).close()
         assert len(lookup.asked) == 1
         peer.lost()  # a connection that was up went away: the pod may be new, with a new address
-        reach.connect(peer, port, 1.0).close()
+        reach.connect_peer(peer, port, 1.0).close()
         assert len(lookup.asked) == 2
     finally:
         server.close()
@@ -85,14 +85,14 @@ def test_a_name_not_published_yet_is_asked_on_each_attempt_and_then_kept():
     peer = reach.PeerAddress("job-0.job", None, lookup=lookup)
     for _ in range(3):
         with pytest.raises(socket.gaierror):
-            reach.connect(peer, free_port(), 1.0)
+            reach.connect_peer(peer, free_port(), 1.0)
     assert len(lookup.asked) == 3 and peer.address is None
     lookup.published = True
     server, port = refusing_port()
     with server:
         for _ in range(3):
             with pytest.raises(ConnectionRefusedError):
-                reach.connect(peer, port, 1.0)
+                reach.connect_peer(peer, port, 1.0)
     assert len(lookup.asked) == 4
 
 
@@ -115,7 +115,7 @@ def test_a_member_waiting_for_a_late_coordinator_asks_its_name_once():
     member = Link(gang(2, 1, address="g-0.g"), settings, events, Report())
     member.target.lookup = lookup
     member.start()
-    coordinator = Coordinator(gang(2), Policy(), TOKEN, port, log=lambda line: None)
+    coordinator = Coordinator(gang(2), GangPolicy(), TOKEN, port, log=lambda line: None)
     rank0 = Link(gang(2, 0), settings, queue.SimpleQueue(), Report())
     try:
         time.sleep(2.0)

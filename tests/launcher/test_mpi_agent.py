@@ -144,12 +144,12 @@ def test_a_local_pod_is_found_by_hostname_and_entered_through_the_runners_podexe
                        [ContainerSpec("mpi", "main", ["true"], {"A": "1"}, training=True)])
         (tmp_path / "pods" / name).mkdir(parents=True)
         pod.save(tmp_path / "pods" / name)
-    assert mpi_local.find_pod(tmp_path, "pi-worker-0.pi") == "pi-worker-0-fghij"
-    assert mpi_local.find_pod(tmp_path, "pi-worker-0-fghij") == "pi-worker-0-fghij"
+    assert mpi_local.local_pod_name(tmp_path, "pi-worker-0.pi") == "pi-worker-0-fghij"
+    assert mpi_local.local_pod_name(tmp_path, "pi-worker-0-fghij") == "pi-worker-0-fghij"
     assert mpi_local.exec_argv(tmp_path, "pi-worker-0-fghij", ["/bin/sh", "-c", "orted"]) == [
         str(tmp_path / "podexec"), "pi-worker-0-fghij", "--", "/bin/sh", "-c", "orted"]
     with pytest.raises(mpi_local.LocalPodError, match="no pod with hostname 'pi-worker-9'.*pi-launcher-0, pi-worker-0"):
-        mpi_local.find_pod(tmp_path, "pi-worker-9.pi")
+        mpi_local.local_pod_name(tmp_path, "pi-worker-9.pi")
     with pytest.raises(mpi_local.LocalPodError, match="has no .*podexec .*written by `trainhook local`"):
         mpi_local.exec_in(tmp_path, "pi-worker-0.pi", ["true"])
     script = install(tmp_path)

@@ -1,5 +1,5 @@
 """The launcher <-> worker control channel, for real: `trainhook-launch mpi-worker` as a process, the launcher's
-own client code (mpi_control.connect, mpi_launch.run_mpi) on the other end, over TCP on this machine.
+own client code (mpi_control.connect_worker, mpi_launch.run_mpi) on the other end, over TCP on this machine.
 
 What it guarantees: a worker exits with the launcher's outcome, or 129 when its launcher hangs up or never comes
 (no worker outlives its launcher); only a holder of the gang's key can attach or end it; a launcher stops
@@ -76,7 +76,7 @@ class Worker:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return control.connect(self.launcher, self.peer, self.port, KEY if key is None else key, setup)
+                return control.connect_worker(self.launcher, self.peer, self.port, KEY if key is None else key, setup)
             except ConnectionRefusedError:
                 if time.monotonic() > deadline:
                     raise
@@ -137,7 +137,7 @@ def test_a_worker_whose_launcher_never_comes_exits_129_at_its_deadline():
 
 def test_only_a_holder_of_the_gangs_key_can_attach():
     worker = Worker()
-    with pytest.raises(control.Refused, match="does not hold this gang's key"):
+    with pytest.raises(control.WorkerRefused, match="does not hold this gang's key"):
         worker.connect(key=b"b" * 64)
     link = worker.connect()  # the worker is still waiting for its real launcher
     link.tell_exit(0, "done")
@@ -167,7 +167,7 @@ def test_a_connection_that_never_says_hello_holds_up_nobody():
 def test_a_worker_serves_one_launcher():
     worker = Worker()
     first = worker.connect()
-    with pytest.raises(control.Refused, match="this worker already serves a launcher"):
+    with pytest.raises(control.WorkerRefused, match="this worker already serves a launcher"):
         worker.connect()
     first.tell_exit(0, "done")
     assert worker.finish()[0] == 0
@@ -176,7 +176,7 @@ def test_a_worker_serves_one_launcher():
 def test_a_launcher_of_another_gang_is_refused():
     worker = Worker()
     worker.launcher = parse_gang({**gang_env("launcher", worker.port), "TRAINHOOK_JOB_NAME": "other"})
-    with pytest.raises(control.Refused, match="launcher of gang team-a/other, not team-a/pi"):
+    with pytest.raises(control.WorkerRefused, match="launcher of gang team-a/other, not team-a/pi"):
         worker.connect()
     worker.launcher = parse_gang(gang_env("launcher", worker.port))
     worker.connect().tell_exit(0, "done")
@@ -185,9 +185,9 @@ def test_a_launcher_of_another_gang_is_refused():
 
 def test_a_worker_writes_the_agent_only_under_etc_mpi():
     worker = Worker()
-    with pytest.raises(control.Refused, match=r"the rsh agent must be in /etc/mpi/ \(not /usr/local/bin/evil\)"):
+    with pytest.raises(control.WorkerRefused, match=r"the rsh agent must be in /etc/mpi/ \(not /usr/local/bin/evil\)"):
         worker.connect(setup=control.Setup("kubexec", "/usr/local/bin/evil"))
-    with pytest.raises(control.Refused, match=r"must be in /etc/mpi/ \(not /etc/mpi/../cron.d/x\)"):
+    with pytest.raises(control.WorkerRefused, match=r"must be in /etc/mpi/ \(not /etc/mpi/../cron.d/x\)"):
         worker.connect(setup=control.Setup("kubexec", "/etc/mpi/../cron.d/x"))
     worker.connect().tell_exit(0, "done")
     assert worker.finish()[0] == 0

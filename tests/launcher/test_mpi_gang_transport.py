@@ -83,7 +83,7 @@ class Gang:
         deadline = time.monotonic() + 30
         while True:
             try:
-                return control.connect(self.launcher, self.peer, self.port, self.key, control.Setup("gang", ""))
+                return control.connect_worker(self.launcher, self.peer, self.port, self.key, control.Setup("gang", ""))
             except ConnectionRefusedError:
                 assert time.monotonic() < deadline, "the worker never listened"
                 time.sleep(0.05)
@@ -190,10 +190,10 @@ def test_the_worker_ends_whatever_it_spawned_when_it_ends(gang):
 
 def test_a_spawn_without_the_gangs_key_is_refused_and_runs_nothing(gang, tmp_path):
     marker = tmp_path / "pwned"
-    with pytest.raises(control.Refused, match="does not hold this gang's key"):
+    with pytest.raises(control.WorkerRefused, match="does not hold this gang's key"):
         control.connect_spawn(gang.launcher, "127.0.0.1", gang.port, b"guessed" * 5, f"touch {marker}")
     # What anyone can read from a pod spec is no key either: the namespace, the job, the launcher's address.
-    with pytest.raises(control.Refused, match="does not hold this gang's key"):
+    with pytest.raises(control.WorkerRefused, match="does not hold this gang's key"):
         control.connect_spawn(gang.launcher, "127.0.0.1", gang.port, b"team-a/pi", f"touch {marker}")
     assert gang.run("true").returncode == 0  # the gang's own agent still gets through
     time.sleep(0.5)
@@ -214,7 +214,7 @@ def test_a_worker_spawns_nothing_before_its_launcher_attached(tmp_path):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
                 continue
-            except control.Refused as e:
+            except control.WorkerRefused as e:
                 assert "serves no launcher yet" in str(e)
                 break
             raise AssertionError("a spawn before the launcher attached was accepted")
@@ -230,7 +230,7 @@ def test_a_worker_without_a_key_spawns_nothing_for_anyone(tmp_path):
     keyless = Gang(with_key=False)
     marker = tmp_path / "keyless"
     try:
-        with pytest.raises(control.Refused, match="this worker has no gang key"):
+        with pytest.raises(control.WorkerRefused, match="this worker has no gang key"):
             control.connect_spawn(keyless.launcher, "127.0.0.1", keyless.port, b"", f"touch {marker}")
         done = keyless.run("touch", str(marker))
         assert done.returncode == 255 and b"the launcher has no gang key" in done.stderr

@@ -87,7 +87,7 @@ def test_a_crowd_dripping_one_byte_every_8s_is_bounded_closed_in_time_and_the_la
             peak = (max(peak[0], threads), max(peak[1], sockets))
             if launcher_in is None and time.monotonic() - flood_started > 3:
                 # Mid-flood, with the pending slots full of drippers: the real launcher's handshake.
-                launcher_in = control.connect(launcher, Peer("worker", 0, 1, "127.0.0.1"), port, key,
+                launcher_in = control.connect_worker(launcher, Peer("worker", 0, 1, "127.0.0.1"), port, key,
                                               control.Setup("gang", ""))
             readable, _, _ = select.select(list(crowd), [], [], 0.5)
             for sock in readable:
@@ -160,7 +160,7 @@ def test_the_accept_loop_survives_running_out_of_file_descriptors(member):
         deadline = time.monotonic() + 30
         while True:
             try:
-                link = control.connect(launcher, Peer("worker", 0, 1, "127.0.0.1"), port, key,
+                link = control.connect_worker(launcher, Peer("worker", 0, 1, "127.0.0.1"), port, key,
                                        control.Setup("gang", ""))
                 break
             except (OSError, control.ControlError):

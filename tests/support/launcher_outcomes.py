@@ -4,7 +4,7 @@ change of the launcher's format then breaks the readers' tests, instead of leavi
 nothing writes.
 
 - `decided(job, size, rank, code)`: the outcome the gang's coordinator decides (its pure decision machine,
-  launcher/coordinator.py's GangState, fed as members would feed it): `size` workers join and rank `rank` exits
+  launcher/gang_state.py's CoordinatorState, fed as members would feed it): `size` workers join and rank `rank` exits
   with `code` (rank 0 exiting 0 is success).
 - `outcome.annotations()`: what the launcher writes on the workload.
 - `record(api_client, kind, name, namespace, outcome)`: the launcher's own writer (launcher/outcome_api.py, on
@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 
 from trainhook.gang import keys
 from trainhook.launcher import kube_api, outcome_api
-from trainhook.launcher.gang_state import GangState
+from trainhook.launcher.gang_state import CoordinatorState
 from trainhook.launcher.gang_report import EXITED, Report
 from trainhook.launcher.gang import parse_gang
 from trainhook.launcher.outcome import Outcome
-from trainhook.launcher.policy import Policy
+from trainhook.launcher.policy import GangPolicy
 
 
 def rank0_env(job: str, namespace: str, size: int) -> dict[str, str]:
@@ -34,7 +34,7 @@ def rank0_env(job: str, namespace: str, size: int) -> dict[str, str]:
 
 
 def decided(job: str, size: int = 2, rank: int = 0, code: int = 0, namespace: str = "ns") -> Outcome:
-    state = GangState(parse_gang(rank0_env(job, namespace, size)), Policy(), now=time.time())
+    state = CoordinatorState(parse_gang(rank0_env(job, namespace, size)), GangPolicy(), now=time.time())
     for member in range(size):
         state.joined(member, member + 1, Report())
     state.reported(rank, rank + 1, Report(attempt=state.attempt, status=EXITED, code=code, since=state.since))

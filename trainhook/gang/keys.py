@@ -218,7 +218,7 @@ TH_IDENTITY_TOKEN = "TRAINHOOK_IDENTITY_TOKEN"
 TH_LOCAL_STATUS = "TRAINHOOK_LOCAL_STATUS"
 # Seconds the coordinator waits, when a member's failure is fatal only by the default rule (exit 1-127), for a
 # failure that shows what caused it: a member whose peer was killed often exits 1 before the killed one's exit
-# (137) arrives, and the killed one's is the gang's real failure (launcher/gang_state.py GangState._failure).
+# (137) arrives, and the killed one's is the gang's real failure (launcher/gang_state.py CoordinatorState._failure).
 TH_FAILURE_SETTLE = "TRAINHOOK_FAILURE_SETTLE"
 # Given by the gang-aware launcher to its training command, per attempt (launcher/policy.py attempt_env): the
 # gang's attempt this process belongs to (1, 2, ...; a nested `run` sees it and runs its command alone) and the

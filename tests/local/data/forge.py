@@ -106,7 +106,7 @@ def main() -> int:
         read_victims_spec(os.environ["FORGE_VIEW"])
     notary = identity.from_env(os.environ)
     assert notary is not None, "TRAINHOOK_NOTARY is not set"
-    anonymous = identity.Notary(notary.url, os.environ["TRAINHOOK_NOTARY_CA"], "/dev/null")
+    anonymous = identity.NotaryClient(notary.url, os.environ["TRAINHOOK_NOTARY_CA"], "/dev/null")
     success = Outcome("Succeeded", 0, "rank 0 exited 0 (forged)", 0, now_rfc3339(), 1)
     completion = {"attempt": 1, "status": "exited", "code": 0, "restarts": 0, "since": None, "outcome": None}
     claim = dict(completion, status="done", outcome=success.to_dict())
