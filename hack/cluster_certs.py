@@ -140,3 +140,31 @@ def write_control_plane_files(state_dir: Path, host: str, ca: KeyPair | None = N
         sched_kubeconfig=write_kubeconfig(state_dir / "kube-scheduler.kubeconfig", kubeconfig_dict(
             host, ca.cert_pem, "system:kube-scheduler", sched.cert_pem, sched.key_pem)),
     )
+
+
+# ---- the node's (hack/node.py) --------------------------------------------------------------------------------
+
+def write_node_files(ca: KeyPair, pki: Path, node_name: str, node_ip: str) -> dict[str, Path]:
+    """Client certificates for the kubelet (system:node:<name>), kube-proxy and the API server's calls to the
+    kubelet, the kubelet's serving pair, and the CA's certificate, in `pki`; by file name (`kubelet.crt`, ...)."""
+    from trainhook.certs.build import build_serving_pair
+    now = dt.datetime.now(dt.timezone.utc)
+    files: dict[str, Path] = {}
+    pairs = {
+        "kubelet-client": build_client_pair(ca, f"system:node:{node_name}", ["system:nodes"], now),
+        "kube-proxy": build_client_pair(ca, "system:kube-proxy", [], now),
+        # Only the kubelet checks this one (x509 against the cluster CA, then AlwaysAllow): no group needed.
+        "apiserver-kubelet-client": build_client_pair(ca, "kube-apiserver-kubelet-client", [], now),
+        "kubelet": build_serving_pair(ca, [node_ip, node_name], now, days=30),
+    }
+    for name, pair in pairs.items():
+        files[f"{name}.crt"] = write_file(pki / f"{name}.crt", pair.cert_pem)
+        files[f"{name}.key"] = write_file(pki / f"{name}.key", pair.key_pem, private=True)
+    files["ca.crt"] = write_file(pki / "ca.crt", ca.cert_pem)
+    return files
+
+
+def write_client_kubeconfig(path: Path, server: str, ca: KeyPair, pki: Path, pair_name: str, user: str) -> Path:
+    """A kubeconfig for `user` with the client pair `pair_name` that write_node_files left in `pki`."""
+    return write_kubeconfig(path, kubeconfig_dict(server, ca.cert_pem, user, (pki / f"{pair_name}.crt").read_bytes(),
+                                                  (pki / f"{pair_name}.key").read_bytes()))

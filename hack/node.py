@@ -10,7 +10,8 @@ kube-proxy (iptables) and a cluster DNS (hack/cluster_dns.py), with images built
 `up` builds what is missing first (hack/k8s-build.sh all; the images), stops a node left over by a crash, then
 starts everything and waits until the node is Ready, the DNS answers and kube-proxy has programmed the
 `kubernetes` Service. Root is required (bridge, iptables, cgroups, mounts). The values and the reasons for them
-are in hack/node_config.py; what it changes on the host, and how `down` puts it back, in hack/node_host.py.
+are in hack/node_config.py; what it changes on the host, and how `down` puts it back, in hack/node_host.py; its
+certificates and kubeconfigs, beside the control plane's, in hack/cluster_certs.py.
 
 State: `DIR/run` (wiped at `up`: certificates, configs, logs, PIDs in node.json, kubelet and containerd state) and
 `DIR/containerd` (containerd's content and snapshots: imported images, kept across runs). Default DIR:
@@ -163,33 +164,6 @@ def _import_images(node: Node, built: dict) -> None:
             _say(f"imported {image.ref} into containerd in {time.monotonic() - t0:.0f}s")
 
 
-def _node_certs(node: Node, ca, pki: Path) -> dict[str, Path]:
-    """Client certificates for the kubelet (system:node:<name>), kube-proxy and the API server's calls to the
-    kubelet, and the kubelet's serving pair; kubeconfigs for the first two."""
-    import datetime as dt
-
-    from trainhook.certs.build import build_serving_pair
-    now = dt.datetime.now(dt.timezone.utc)
-    files: dict[str, Path] = {}
-    pairs = {
-        "kubelet-client": cluster_certs.build_client_pair(ca, f"system:node:{cfg.NODE_NAME}", ["system:nodes"], now),
-        "kube-proxy": cluster_certs.build_client_pair(ca, "system:kube-proxy", [], now),
-        # Only the kubelet checks this one (x509 against the cluster CA, then AlwaysAllow): no group needed.
-        "apiserver-kubelet-client": cluster_certs.build_client_pair(ca, "kube-apiserver-kubelet-client", [], now),
-        "kubelet": build_serving_pair(ca, [cfg.host_ip(), cfg.NODE_NAME], now, days=30),
-    }
-    for name, pair in pairs.items():
-        files[f"{name}.crt"] = cluster_certs.write_file(pki / f"{name}.crt", pair.cert_pem)
-        files[f"{name}.key"] = cluster_certs.write_file(pki / f"{name}.key", pair.key_pem, private=True)
-    files["ca.crt"] = cluster_certs.write_file(pki / "ca.crt", ca.cert_pem)
-    return files
-
-
-def _kubeconfig(path: Path, server: str, ca, pair_name: str, user: str, pki: Path) -> Path:
-    return cluster_certs.write_kubeconfig(path, cluster_certs.kubeconfig_dict(
-        server, ca.cert_pem, user, (pki / f"{pair_name}.crt").read_bytes(), (pki / f"{pair_name}.key").read_bytes()))
-
-
 def _create_dns_service(api_client) -> None:
     from kubernetes import client
     from kubernetes.client.rest import ApiException
@@ -267,7 +241,7 @@ def _start(node: Node, built: dict, bins: Path, die_with_parent: bool, timeout: 
     _import_images(node, built)
 
     ca = build_ca("trainhook-k8s-ca", dt.datetime.now(dt.timezone.utc))
-    certs = _node_certs(node, ca, paths.pki)
+    certs = cluster_certs.write_node_files(ca, paths.pki, cfg.NODE_NAME, cfg.host_ip())
     address = cfg.host_ip()
     cp = cluster.start(paths.run / "control-plane", scheduler=True, timeout=timeout, die_with_parent=die_with_parent,
                        bins=bins, address=address, ca=ca, extra_apiserver_args=[
@@ -282,10 +256,10 @@ def _start(node: Node, built: dict, bins: Path, die_with_parent: bool, timeout: 
     _spawn(node, "cluster-dns", [sys.executable, str(HACK / "cluster_dns.py"), "--kubeconfig", str(cp.kubeconfig),
                                  "--listen", f"{address}:53", "--domain", cfg.CLUSTER_DOMAIN], die_with_parent)
 
-    kubelet_kc = _kubeconfig(paths.run / "kubelet.kubeconfig", cp.host, ca, "kubelet-client",
-                             f"system:node:{cfg.NODE_NAME}", paths.pki)
-    proxy_kc = _kubeconfig(paths.run / "kube-proxy.kubeconfig", cp.host, ca, "kube-proxy", "system:kube-proxy",
-                           paths.pki)
+    kubelet_kc = cluster_certs.write_client_kubeconfig(paths.run / "kubelet.kubeconfig", cp.host, ca, paths.pki,
+                                                       "kubelet-client", f"system:node:{cfg.NODE_NAME}")
+    proxy_kc = cluster_certs.write_client_kubeconfig(paths.run / "kube-proxy.kubeconfig", cp.host, ca, paths.pki,
+                                                     "kube-proxy", "system:kube-proxy")
     kubelet_json = paths.run / "kubelet.json"
     kubelet_json.write_text(json.dumps(cfg.kubelet_config(paths, ca_file=certs["ca.crt"],
                                                           healthz_port=processes.free_port()), indent=1))
