@@ -19,30 +19,19 @@ import time
 
 import pytest
 
-from gang_notary import GangNotary, mpi_gang
+from gang_notary import MpiGangCredentials
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_launch
 from trainhook.launcher.gang import Peer, parse_gang
 
-KEY = b""  # the gang's key as the launcher's pod gets it from the real notary (fixture `notary`)
 SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
          "TRAINHOOK_SUBDOMAIN": "pi"}
 NO_AGENT = control.Setup("kubexec", "")
-NOTARY: dict[str, str] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def notary(tmp_path_factory):
-    """The real webhook's notary over a real MPI gang (Jobs pi-launcher and pi-worker, admitted by the webhook):
-    every worker of these tests presents the worker pod's token; the launcher side holds what the launcher pod
-    gets."""
-    global KEY
-    with GangNotary(tmp_path_factory.mktemp("notary") / "run") as served:
-        launcher, [worker] = mpi_gang(served)
-        NOTARY.update(served.notary_env(worker))
-        KEY = served.key(launcher["metadata"]["name"])
-        yield served
+# The real webhook's notary over a real MPI gang (Jobs pi-launcher and pi-worker, admitted by the webhook), for
+# every test here: each worker presents the worker pod's token, the launcher side holds the launcher pod's key.
+CREDENTIALS = MpiGangCredentials()
+mpi_notary = CREDENTIALS.fixture()
 
 
 def free_port() -> int:
@@ -55,7 +44,7 @@ def gang_env(role: str, port: int, **more: str) -> dict[str, str]:
     """A Job's pod (restartPolicy Never): the worker exits once the gang is done."""
     return {"PATH": os.environ["PATH"], **SHAPE, "TRAINHOOK_ROLE": role, "TRAINHOOK_INDEX": "0",
             "TRAINHOOK_RANK": "0" if role == "launcher" else "1", "TRAINHOOK_PORT": str(port),
-            "TRAINHOOK_WAIT_TIMEOUT": "30", "TRAINHOOK_MPI_SLOTS": "3", **NOTARY,
+            "TRAINHOOK_WAIT_TIMEOUT": "30", "TRAINHOOK_MPI_SLOTS": "3", **CREDENTIALS.worker_env,
             "TRAINHOOK_WORKLOAD": "Job/pi-worker", "TRAINHOOK_RESTART_POLICY": "Never", **more}
 
 
@@ -76,7 +65,8 @@ class Worker:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return control.connect_worker(self.launcher, self.peer, self.port, KEY if key is None else key, setup)
+                return control.connect_worker(self.launcher, self.peer, self.port,
+                                              CREDENTIALS.key if key is None else key, setup)
             except ConnectionRefusedError:
                 if time.monotonic() > deadline:
                     raise

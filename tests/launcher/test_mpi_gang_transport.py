@@ -20,29 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from gang_notary import GangNotary, mpi_gang
+from gang_notary import MpiGangCredentials
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_exec
 from trainhook.launcher.gang import Peer, parse_gang
 
-KEY = b""  # the gang's key as the launcher's pod gets it from the real notary (fixture `notary`)
 SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
          "TRAINHOOK_SUBDOMAIN": "pi", "TRAINHOOK_WORKLOAD": "Job/pi-worker", "TRAINHOOK_RESTART_POLICY": "Never"}
-NOTARY: dict[str, str] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def notary(tmp_path_factory):
-    """The real webhook's notary over a real MPI gang (Jobs pi-launcher and pi-worker, admitted by the webhook):
-    the worker process presents the worker pod's token, this test's launcher side holds what the launcher pod
-    gets."""
-    global KEY
-    with GangNotary(tmp_path_factory.mktemp("notary") / "run") as served:
-        launcher, [worker] = mpi_gang(served)
-        NOTARY.update(served.notary_env(worker))
-        KEY = served.key(launcher["metadata"]["name"])
-        yield served
+# The real webhook's notary over a real MPI gang (Jobs pi-launcher and pi-worker, admitted by the webhook): the
+# worker process presents the worker pod's token, this test's launcher side holds the launcher pod's key.
+CREDENTIALS = MpiGangCredentials()
+mpi_notary = CREDENTIALS.fixture()
 
 
 def free_port() -> int:
@@ -62,13 +51,13 @@ class Gang:
 
     def __init__(self, with_key: bool = True, attach: bool = True):
         self.port = free_port()
-        env = {**gang_env("worker", self.port), **(NOTARY if with_key else {})}
+        env = {**gang_env("worker", self.port), **(CREDENTIALS.worker_env if with_key else {})}
         self.worker = subprocess.Popen([sys.executable, "-m", "trainhook.launcher.cli", "mpi-worker"], env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         launcher = parse_gang(gang_env("launcher", self.port))
         self.peer = Peer("worker", 0, 1, "127.0.0.1")
         self.launcher = dataclasses.replace(launcher, peers=(launcher.peers[0], self.peer))
-        self.key = KEY if with_key else b""
+        self.key = CREDENTIALS.key if with_key else b""
         self.link = self.connect() if attach else None
         # A short path (a unix socket's is limited to 107 bytes) in a directory others may traverse, so that the
         # doorway's own directory mode is what keeps them out.
@@ -209,7 +198,7 @@ def test_a_worker_spawns_nothing_before_its_launcher_attached(tmp_path):
         deadline = time.monotonic() + 30
         while True:
             try:
-                control.connect_spawn(early.launcher, "127.0.0.1", early.port, KEY, f"touch {marker}")
+                control.connect_spawn(early.launcher, "127.0.0.1", early.port, CREDENTIALS.key, f"touch {marker}")
             except ConnectionRefusedError:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)

@@ -15,9 +15,7 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from gang_notary import GangNotary, mpi_gang
+from gang_notary import MpiGangCredentials
 from trainhook.launcher import mpi_control as control
 from trainhook.launcher import mpi_doorman
 from trainhook.launcher.gang import Peer, parse_gang
@@ -28,6 +26,10 @@ ENV = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAME
        "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
        "TRAINHOOK_SUBDOMAIN": "pi", "TRAINHOOK_INDEX": "0", "TRAINHOOK_WAIT_TIMEOUT": "120",
        "TRAINHOOK_WORKLOAD": "Job/pi-worker", "TRAINHOOK_RESTART_POLICY": "Never"}
+# The worker pod of a real MPI gang (a launcher and one worker, admitted by the real webhook): the notary's URL and
+# CA the webhook injected and the pod's own token; and the gang's key, as the launcher's pod gets it.
+CREDENTIALS = MpiGangCredentials()
+mpi_notary = CREDENTIALS.fixture()
 
 
 def free_port() -> int:
@@ -47,17 +49,8 @@ def threads_and_sockets(pid: int) -> tuple[int, int]:
     return threads, sockets
 
 
-@pytest.fixture(scope="module")
-def member(tmp_path_factory) -> tuple[dict[str, str], bytes]:
-    """The worker pod of a real MPI gang (a launcher and one worker, admitted by the real webhook): the notary's
-    URL and CA the webhook injected and the pod's own token; and the gang's key, as the launcher's pod gets it."""
-    with GangNotary(tmp_path_factory.mktemp("notary") / "run") as notary:
-        launcher, [worker] = mpi_gang(notary)
-        yield notary.notary_env(worker), notary.key(launcher["metadata"]["name"])
-
-
-def test_a_crowd_dripping_one_byte_every_8s_is_bounded_closed_in_time_and_the_launcher_still_gets_in(member):
-    notary_env, key = member
+def test_a_crowd_dripping_one_byte_every_8s_is_bounded_closed_in_time_and_the_launcher_still_gets_in():
+    notary_env, key = CREDENTIALS.worker_env, CREDENTIALS.key
     port = free_port()
     env = {"PATH": os.environ["PATH"], **ENV, **notary_env, "TRAINHOOK_ROLE": "worker", "TRAINHOOK_RANK": "1",
            "TRAINHOOK_PORT": str(port)}
@@ -129,10 +122,10 @@ def test_a_crowd_dripping_one_byte_every_8s_is_bounded_closed_in_time_and_the_la
             worker.communicate()
 
 
-def test_the_accept_loop_survives_running_out_of_file_descriptors(member):
+def test_the_accept_loop_survives_running_out_of_file_descriptors():
     """With 40 file descriptors allowed (fewer than MAX_PENDING), a crowd makes accept() fail with EMFILE; the
     loop backs off and goes on, and once the crowd is gone the launcher connects."""
-    notary_env, key = member
+    notary_env, key = CREDENTIALS.worker_env, CREDENTIALS.key
     port = free_port()
     env = {"PATH": os.environ["PATH"], **ENV, **notary_env, "TRAINHOOK_ROLE": "worker", "TRAINHOOK_RANK": "1",
            "TRAINHOOK_PORT": str(port)}

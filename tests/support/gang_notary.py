@@ -20,7 +20,11 @@ import random
 import ssl
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from trainhook.gang import keys
 from trainhook.local.admission import WebhookServer
@@ -154,3 +158,39 @@ def mpi_gang(notary: GangNotary, job: str = "pi", namespace: str = "team-a", wor
 
     [launcher] = notary.admit(role_job("launcher", 1))
     return launcher, notary.admit(role_job("worker", workers))
+
+
+class MpiGangCredentials:
+    """What the two sides of a real MPI gang (`mpi_gang`: one launcher, one worker) get from the real webhook's
+    notary: `key`, the gang's signing key as the launcher's pod gets it with its own token, and `worker_env`, what
+    the webhook injected into the worker pod for the notary (URL, CA) with that pod's token on this host.
+
+    Why a holder that a fixture fills: the MPI tests' helpers (a worker process, the launcher's end of its channel)
+    read these wherever a test builds one, so one module-wide notary serves every test of the module:
+
+        CREDENTIALS = MpiGangCredentials()
+        mpi_notary = CREDENTIALS.fixture()  # then CREDENTIALS.key, CREDENTIALS.worker_env
+    """
+
+    def __init__(self) -> None:
+        self.key = b""
+        self.worker_env: dict[str, str] = {}
+
+    @contextmanager
+    def serve(self, run_dir: Path) -> Iterator[GangNotary]:
+        """The notary over the gang, admitted and stored in `run_dir`, for the `with` block; fills the holder."""
+        with GangNotary(run_dir) as notary:
+            launcher, [worker] = mpi_gang(notary)
+            self.key = notary.key(launcher["metadata"]["name"])
+            self.worker_env = notary.notary_env(worker)
+            yield notary
+
+    def fixture(self):
+        """A module-scoped autouse fixture named `mpi_notary` that serves the gang while the module's tests run."""
+
+        @pytest.fixture(autouse=True, scope="module")
+        def mpi_notary(tmp_path_factory) -> Iterator[GangNotary]:
+            with self.serve(tmp_path_factory.mktemp("notary") / "run") as notary:
+                yield notary
+
+        return mpi_notary
