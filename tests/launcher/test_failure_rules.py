@@ -89,7 +89,8 @@ def gang_state(rules: str = "", settle: float = 3.0, size: int = 3) -> Coordinat
     gang = GangView(framework="pytorch", job_name="g", namespace="ns", role="worker", index=0, rank=0, peers=peers,
                 subdomain="g", address=peers[0].address, port=23456, gang_wait="dns", gang_wait_port=29499,
                 wait_timeout=600.0)
-    state = CoordinatorState(gang, GangPolicy(RESTART_GANG, 3, rules=FailureRules.from_text(rules), settle=settle), now=1000.0)
+    policy = GangPolicy(RESTART_GANG, 3, rules=FailureRules.from_text(rules), settle=settle)
+    state = CoordinatorState(gang, policy, now=1000.0)
     for rank in range(size):
         state.joined(rank, rank + 1, Report())
     state.outbox.clear()
