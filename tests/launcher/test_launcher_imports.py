@@ -1,18 +1,29 @@
-"""launcher/ has no import cycle, at module level or inside functions (issue 24: the launcher untangled).
+"""launcher/ has no import cycle, at module level or inside functions, and its names are unique enough to grep
+(issue 24: the launcher untangled).
 
 Why: a cycle is how the process toolkit and the commands got tangled before (run.py was both, and gang_run.py and
 ending.py imported it back), and a function-level import only hides a cycle from the interpreter, not from a
 reader. The graph is built from the source with `ast`: every `import` and `from` anywhere in a module (in a
 function, under `if TYPE_CHECKING:` too), relative imports resolved, restricted to launcher/'s own modules.
+
+Names: a function or class defined in two launcher modules (`connect`, `fail`, `Refused` were, each twice) makes a
+grep for it, a traceback or a review name the wrong one; so does a launcher class named as a class elsewhere in the
+product (the launcher's `Notary` client beside the webhook's `Notary`). The same `ast` scan lists every top-level
+def and class; `main`, each command module's entry point, is the one name every module may have.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = ROOT / "launcher"
 PACKAGE = "trainhook.launcher"
+# The product's other packages (the wheel's trainhook.webhook, trainhook.certs and the rest of trainhook).
+PRODUCT = (ROOT / "webhook", ROOT / "trainhook", ROOT / "certs")
+SHARED_NAMES = {"main"}
 
 
 def imports_of(tree: ast.Module, package: str = PACKAGE) -> set[str]:
@@ -82,3 +93,52 @@ def test_a_cycle_is_found_through_any_length():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
     assert cycles({"run": {"gang_run"}, "gang_run": {"run"}}) == [["gang_run", "run", "gang_run"]]
+
+
+
+def top_level_names(folder: Path) -> dict[str, list[tuple[str, bool]]]:
+    """name -> [(file under `folder`, whether it is a class)] for every top-level def and class of its modules."""
+    found: dict[str, list[tuple[str, bool]]] = defaultdict(list)
+    for path in sorted(folder.rglob("*.py")):
+        if "__pycache__" not in path.parts:
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    found[node.name].append((path.relative_to(folder).as_posix(), isinstance(node, ast.ClassDef)))
+    return found
+
+
+def name_clashes(launcher: Path = LAUNCHER, product: tuple[Path, ...] = PRODUCT) -> list[str]:
+    """A line for each name two launcher modules define (but `main`) and for each launcher class whose name a
+    class of the product's other packages has."""
+    ours = top_level_names(launcher)
+    clashes = [f"{name} in {', '.join(file for file, _ in where)}" for name, where in sorted(ours.items())
+               if len(where) > 1 and name not in SHARED_NAMES]
+    theirs: dict[str, list[str]] = defaultdict(list)
+    for folder in product:
+        for name, where in top_level_names(folder).items():
+            theirs[name] += [f"{folder.name}/{file}" for file, is_class in where if is_class]
+    clashes += [f"class {name} in launcher/{file} and {', '.join(theirs[name])}" for name, where in sorted(ours.items())
+                for file, is_class in where if is_class and theirs.get(name)]
+    return clashes
+
+
+def test_no_two_launcher_modules_define_a_name_and_no_launcher_class_borrows_a_product_class_name():
+    ours = top_level_names(LAUNCHER)
+    assert len(ours) > 200 and len(ours["main"]) > 5, "the scan sees launcher/'s defs, `main` in each command"
+    assert "Notary" in top_level_names(ROOT / "webhook"), "the scan sees the product's classes"
+    assert name_clashes() == []
+
+
+def test_the_name_check_catches_a_second_definition_and_a_borrowed_class_name(tmp_path):
+    copy = tmp_path / "launcher"
+    copy.mkdir()
+    for path in LAUNCHER.glob("*.py"):
+        (copy / path.name).write_text(path.read_text())
+    assert name_clashes(copy) == [], "the copy is as clean as launcher/"
+
+    with open(copy / "gang_run.py", "a") as module:
+        module.write("\n\ndef main():\n    pass\n\n\ndef describe(peers):\n    return ''\n")
+    with open(copy / "speak.py", "a") as module:
+        module.write("\n\nclass Notary:\n    pass\n")
+    assert name_clashes(copy) == ["describe in gang_run.py, reach.py",
+                                  "class Notary in launcher/speak.py and webhook/notary.py"]
