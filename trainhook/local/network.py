@@ -13,6 +13,7 @@ the run id, so parallel runs never collide.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import ipaddress
 import os
 import secrets
@@ -91,11 +92,21 @@ class Network:
         self._created.append(name)
         _ip("-n", name, "link", "set", "lo", "up")
 
+    @property
+    def bridge_mac(self) -> str:
+        """The bridge's own MAC address, fixed for the run (locally administered: 02, "th", 3 bytes of the run id's
+        hash).
+        Why fixed: a Linux bridge left to choose takes the lowest MAC among its ports, so a pod added later (a
+        scale-up, a deleted pod created again) can change it; pods that cached the old one in their ARP tables
+        then lose the gateway, and the notary behind it, until the entry expires (a coordinator's outcome went
+        unrecorded that way: its connection timed out)."""
+        return "02:74:68:" + ":".join(f"{b:02x}" for b in hashlib.sha256(self.run_id.encode()).digest()[:3])
+
     def open(self) -> None:
         """Create the switch namespace and its bridge."""
         check_host()
         self._add_netns(self.switch)
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "add", "br0", "address", self.bridge_mac, "type", "bridge")
         _ip("-n", self.switch, "addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", "br0")
         _ip("-n", self.switch, "link", "set", "br0", "up")
 
