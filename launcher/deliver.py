@@ -90,7 +90,7 @@ exit 127
 # Modules of trainhook.launcher shipped without bytecode (see the module docstring): none is imported by a gang's
 # `run` or `torchrun` start, and together they are 40% of the bytecode's size.
 SOURCE_ONLY = frozenset({"deliver", "kube_api", "kube_websocket", "kubexec", "mpi_control", "mpi_doorman",
-                         "mpi_exec", "mpi_launch", "mpi_local", "mpi_spawn", "mpi_worker", "outcome_api", "tf_config",
+                         "mpi_exec", "mpi_launch", "mpi_local", "mpi_spawn", "mpi_worker", "tf_config",
                          "wait", "wait_dns", "wait_tcp", "wiring"})
 
 ENTRY_SOURCE = Path(__file__).resolve().parent / "entry" / "trainhook-launch.c"

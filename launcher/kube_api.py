@@ -2,8 +2,9 @@
 
 Why not the `kubernetes` package: the launcher is delivered into the user's own training image and runs on
 that image's Python (3.8 or newer), where nothing but the standard library can be assumed (deliver.py). What the
-launcher asks of the API is small: JSON GET and merge-PATCH (outcome_api), and one websocket for the exec API
-(kubexec; its framing is kube_websocket.py). This module is that much and no more.
+launcher asks of the API is small: a JSON GET (kubexec finds its peers' pods) and one websocket for the exec API
+(kubexec; its framing is kube_websocket.py); merge-PATCH is the tests' recorder's (tests/support/outcome_api.py).
+This module is that much and no more.
 
 Credentials, in the order the launcher looks for them:
 - in a pod: the ServiceAccount the kubelet mounts (its `token`, re-read for every call because bound tokens

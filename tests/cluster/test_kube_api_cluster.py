@@ -1,5 +1,5 @@
-"""The launcher's standard-library API client (launcher/kube_api.py, launcher/outcome_api.py) against the real
-Kubernetes v1.20 API server (tests/support/cluster_api.py), called as a pod calls it: the ServiceAccount's token and
+"""The launcher's standard-library API client (launcher/kube_api.py, and tests/support/outcome_api.py on it) against
+the real Kubernetes v1.20 API server (tests/support/cluster_api.py), called as a pod calls it: the ServiceAccount's token and
 CA in a directory, the server at KUBERNETES_SERVICE_HOST/PORT. With a Role granting what a recorder needs bound
 (the chart grants training pods nothing since issue 22: the notary records for them, tests/cluster/test_notary_cluster.py;
 outcome_api stays as the tests' recorder, tests/support/launcher_outcomes.py) it reads, records (a merge patch of metadata
@@ -16,7 +16,8 @@ import pytest
 from kubernetes import client
 
 from cluster_api import wait_for_service_account_token
-from trainhook.launcher import kube_api, outcome_api
+import outcome_api
+from trainhook.launcher import kube_api
 from trainhook.launcher.outcome import FAILED, Outcome
 
 pytestmark = pytest.mark.cluster
@@ -87,8 +88,8 @@ def test_a_jobs_outcome_is_recorded_too(workloads):
 def test_without_the_role_every_call_is_refused_in_the_servers_words_with_the_fix(workloads):
     _, ns, _, nobody = workloads
     user = f"system:serviceaccount:{ns}:nobody"
-    fix = (": bind the pod's ServiceAccount to the chart's training ClusterRole (values trainingNamespaces or "
-           "trainingServiceAccounts)")
+    fix = (": this needs get/patch on the gang's workloads, which the chart grants no training pod (the "
+           "notary records outcomes: docs/operate/security.md)")
     for call, verb, resource in (
             (lambda: outcome_api.read_outcome(nobody, "StatefulSet", "train", ns), "get", "statefulsets"),
             (lambda: outcome_api.record_outcome(nobody, "Job", "train", ns, OUTCOME), "patch", "jobs"),

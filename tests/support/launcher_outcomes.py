@@ -7,8 +7,9 @@ nothing writes.
   launcher/gang_state.py's CoordinatorState, fed as members would feed it): `size` workers join and rank `rank` exits
   with `code` (rank 0 exiting 0 is success).
 - `outcome.annotations()`: what the launcher writes on the workload.
-- `record(api_client, kind, name, namespace, outcome)`: the launcher's own writer (launcher/outcome_api.py, on
-  its standard-library client, as the same user as the `kubernetes` ApiClient given), against a real API server.
+- `record(api_client, kind, name, namespace, outcome)`: the launcher's writer from before the notary
+  (tests/support/outcome_api.py, on the launcher's standard-library client, as the same user as the `kubernetes`
+  ApiClient given), against a real API server.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from urllib.parse import urlsplit
 
 from trainhook.gang import keys
-from trainhook.launcher import kube_api, outcome_api
+import outcome_api
+from trainhook.launcher import kube_api
 from trainhook.launcher.gang_state import CoordinatorState
 from trainhook.launcher.gang_report import EXITED, Report
 from trainhook.launcher.gang import parse_gang

@@ -1,11 +1,11 @@
-"""Read and record a gang's outcome on its workload with a Kubernetes client (kube_api), and scale a StatefulSet
-gang to zero: what the launcher did itself before issue 22.
+"""Read and record a gang's outcome on its workload with the launcher's standard-library client (kube_api), and
+scale a StatefulSet gang to zero: what the launcher did itself before issue 22, kept here as the tests' recorder.
 
-The launcher no longer calls this: the pods hold no Kubernetes permission, and the coordinator records through
-the notary (identity.py; docs/operate/security.md). It stays for the cluster tests that write an outcome as a recorder
-would (tests/support/launcher_outcomes.py, test_kube_api_cluster.py) until they move to the notary's record; the calls
-need `get`/`patch` on statefulsets (and `patch` on statefulsets/scale, jobs), which the chart no longer grants
-to training pods."""
+The launcher no longer calls this (the pods hold no Kubernetes permission; the coordinator records through the
+notary, launcher/identity.py, docs/operate/security.md), so it left launcher/ and the zip every pod gets. The
+cluster tests that need a recorded outcome write it with this, in the launcher's own format
+(tests/support/launcher_outcomes.py, tests/cluster/test_kube_api_cluster.py); the calls need `get`/`patch` on
+statefulsets (and `patch` on statefulsets/scale, jobs), which the chart grants no training pod."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from trainhook.launcher.outcome import Outcome
 KINDS = ("StatefulSet", "Job")
 PATHS = {"StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}",
          "Job": "/apis/batch/v1/namespaces/{namespace}/jobs/{name}"}
-FORBIDDEN_HINT = (": bind the pod's ServiceAccount to the chart's training ClusterRole (values trainingNamespaces or "
-                  "trainingServiceAccounts)")
+FORBIDDEN_HINT = (": this needs get/patch on the gang's workloads, which the chart grants no training pod (the "
+                  "notary records outcomes: docs/operate/security.md)")
 
 
 class Unavailable(Exception):
