@@ -204,13 +204,15 @@ kind: ConfigMap
 metadata: {name: code}
 data:
   talk.py: |
-    import os, socket
+    # Each line in one write: unbuffered, print() writes its pieces apart, and the launcher's own lines (stderr,
+    # merged into the pod's log as a kubelet merges them) could land between them (seen once in CI).
+    import os, socket, sys
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if rank == 0:
         server = socket.create_server(("0.0.0.0", port))
         got = sorted(server.accept()[0].recv(64).decode() for _ in range(world - 1))
-        print("master", socket.gethostname(), "heard", got, "index", os.environ["JOB_COMPLETION_INDEX"])
+        sys.stdout.write(f"master {socket.gethostname()} heard {got} index {os.environ['JOB_COMPLETION_INDEX']}\\n")
     else:
         import time
         for _ in range(200):
@@ -220,7 +222,7 @@ data:
             except OSError:
                 time.sleep(0.1)
         conn.sendall(f"{os.environ['POD_NAME'][:8]}@{os.environ['POD_IP']}".encode())
-        print("sent from", socket.gethostname())
+        sys.stdout.write(f"sent from {socket.gethostname()}\\n")
 ---
 apiVersion: batch/v1
 kind: Job
