@@ -65,19 +65,21 @@ def wait_for(pid: int, reap_all: bool) -> int:
     For a thread other than the main one (Training's waiter): the main thread, where signals are handled, waits
     with SignalForwarder.wait, because a blocking waitpid there can miss a signal.
     """
-    while True:
-        reaped, status = os.waitpid(-1 if reap_all else pid, 0)
-        if reaped == pid:
-            if reap_all:
-                reap_exited()
-            return status
+    status = _reap_until(pid, reap_all, 0)
+    assert status is not None  # a blocking waitpid returns only with a child
+    return status
 
 
 def collect(pid: int, reap_all: bool) -> int | None:
     """`pid`'s wait status if it has exited, else None, without blocking; as PID 1 (`reap_all`) every exited
     process is collected on the way, as in wait_for."""
+    return _reap_until(pid, reap_all, os.WNOHANG)
+
+
+def _reap_until(pid: int, reap_all: bool, flags: int) -> int | None:
+    """waitpid with `flags` until it returns `pid` (its status) or nothing more has exited (None, WNOHANG only)."""
     while True:
-        reaped, status = os.waitpid(-1 if reap_all else pid, os.WNOHANG)
+        reaped, status = os.waitpid(-1 if reap_all else pid, flags)
         if reaped == pid:
             if reap_all:
                 reap_exited()
