@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 
 from helpers import wait_for
-from test_notary_cluster import create_gang, imposter_pod, pod_token
+from test_notary_cluster import create_gang, imposter_pod, pod_token, scale_up_again
 from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, PHASE_TIME
 
 pytestmark = pytest.mark.cluster
@@ -69,8 +69,12 @@ class Launcher:
         return "\n".join(self.lines)
 
     def wait_for_line(self, text: str, timeout: float = 60) -> str:
-        return wait_for(f"{text!r} in the launcher's log:\n{self.log}",
-                        lambda: next((line for line in self.lines if text in line), None), timeout)
+        """The first line with `text`; a failure shows the log as it is at the deadline, not as it was at the call."""
+        try:
+            return wait_for(f"{text!r} in the launcher's log",
+                            lambda: next((line for line in self.lines if text in line), None), timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}:\n{self.log}") from None
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -122,8 +126,7 @@ def test_a_restarted_coordinator_learns_the_outcome_from_the_notary_and_does_not
         first.wait_for_line("parked:")
     finally:
         first.stop()
-    client.AppsV1Api(api).patch_namespaced_stateful_set_scale(NAME, k8s_namespace, {"spec": {"replicas": 1}})
-    wait_for("the pod again", lambda: client.CoreV1Api(api).list_namespaced_pod(k8s_namespace).items)
+    scale_up_again(api, k8s_namespace, NAME, 1)  # a new pod solo-0: the identity token below is bound to it
     marker = tmp_path / "trained-again"
     again = Launcher(notary, api, k8s_namespace, f"{NAME}-0", tmp_path / "again",
                      [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])

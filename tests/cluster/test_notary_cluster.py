@@ -54,6 +54,23 @@ def create_gang(api, namespace: str, job: str, replicas: int = 2) -> dict:
     return api.sanitize_for_serialization(sts)
 
 
+def scale_up_again(api, namespace: str, job: str, replicas: int) -> list:
+    """Scale a StatefulSet gang the notary stopped back to `replicas`; its new pods once the controller has created
+    them all. The stopped gang's pods may still be there when the scale lands (the controller deletes them on its
+    own time), so new pods are told by their UIDs: a token requested for an old pod is bound to that pod and the
+    API server invalidates it when the pod goes ("Pod UID ... does not match claim", seen in CI)."""
+    core = client.CoreV1Api(api)
+    selector = f"app={job}"
+    old = {p.metadata.uid for p in core.list_namespaced_pod(namespace, label_selector=selector).items}
+    client.AppsV1Api(api).patch_namespaced_stateful_set_scale(job, namespace, {"spec": {"replicas": replicas}})
+
+    def new_pods():
+        pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+        return (len(pods) == replicas and not any(p.metadata.uid in old for p in pods)
+                and sorted(pods, key=lambda p: p.metadata.name))
+    return wait_for(f"{replicas} new pods of {job}", new_pods, timeout=60)
+
+
 def pod_token(api, namespace: str, pod: str, audience: str = "trainhook") -> str:
     """What the kubelet writes into the projected volume: a token bound to the pod, by the TokenRequest API."""
     core = client.CoreV1Api(api)
@@ -170,9 +187,7 @@ def test_only_the_coordinator_records_and_the_record_stops_and_tells(notary, con
     assert "rank 1 (pod rec-1) exited 3" in events[0].message
 
     # Scaled up again by hand, the same StatefulSet (the same gang) has its outcome already: it is not rewritten.
-    apps.patch_namespaced_stateful_set_scale("rec", k8s_namespace, {"spec": {"replicas": 2}})
-    wait_for("the pods again", lambda: len(core.list_namespaced_pod(k8s_namespace, label_selector="app=rec").items)
-             == 2, timeout=60)
+    scale_up_again(api, k8s_namespace, "rec", 2)
     member, coordinator = pod_token(api, k8s_namespace, "rec-1"), pod_token(api, k8s_namespace, "rec-0")
     second = call(notary, "POST", "/v1/outcome", coordinator, outcome("Succeeded", 0, 0, "all done"))
     assert second.status_code == 200, second.text
