@@ -18,6 +18,7 @@ import pytest
 
 from e2e_gangs import NAMESPACE, delete_gang, phase_of, pods_of, statefulset, statefulset_gang
 from e2e_helpers import LogFollower, shown_on_failure, wait_for
+from trainhook.cluster.logs import KUBELET_NO_LOG
 from trainhook.launcher import deliver
 
 # The training proves it has no shell to lean on, and that it ran under the delivered launcher as a gang member.
@@ -94,7 +95,7 @@ def the_line_logged(node, namespace: str, pod: str) -> str | None:
     logs = [node.logs(namespace, pod, "trainer"), node.logs(namespace, pod, "trainer", previous=True)]
     if NO_PYTHON + "\n" in logs:
         return NO_PYTHON + "\n"
-    assert all(not log or log.startswith("unable to retrieve container logs") for log in logs), (pod, logs)
+    assert all(not log or log.startswith(KUBELET_NO_LOG) for log in logs), (pod, logs)
     return None
 
 

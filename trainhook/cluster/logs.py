@@ -19,9 +19,11 @@ from collections.abc import Callable
 from trainhook.cluster.client import Cluster, ClusterError
 from trainhook.cluster.status import GangState, KeptLines, container_started, gang_state, pod_rank
 
-# What a kubelet answers in place of a log when the container is being removed: a 200 whose body is this line, or
-# this line at the end of a followed stream (v1.20 with containerd, seen on the node).
-KUBELET_NO_LOG = "unable to retrieve container logs for "
+# What a kubelet answers in place of a log when the container is being removed: a 200 whose body is one of these
+# lines (v1.20 with containerd, both seen on the node: the first once the runtime has forgotten the container, the
+# second once the container's log file is deleted but the runtime still names it), or the KUBELET_LOST line at the
+# end of a followed stream.
+KUBELET_NO_LOG = ("unable to retrieve container logs for ", "failed to try resolving symlinks in path ")
 KUBELET_LOST = "rpc error: code = NotFound desc = an error occurred when try to find container"
 POLL = 1.0  # seconds between two looks at a pod that has not started, or a gang without pods
 RECORD_WAIT = 15.0  # how long a reader whose pods went waits for the outcome (and its kept lines) to be recorded
