@@ -7,8 +7,14 @@ then say nothing took the server past its memory limit (issue 23). Here the acce
 
 - at most MAX_CONNECTIONS open (handshaking included); one more evicts the oldest connection that has not
   sent a complete request head yet, else the one idle longest between requests, else it is closed at once;
-- HEAD_DEADLINE from accept for the TLS handshake and the first request head together, and the same between
-  two requests on a kept-alive connection (aiohttp's keepalive_timeout, which also ends a half-sent head);
+- HEAD_DEADLINE from accept for the TLS handshake, and from the first byte of a request head, arriving on an
+  idle connection, to the complete head;
+- IDLE_TIMEOUT for an idle connection (after the handshake, or between two requests: aiohttp's keepalive_timeout).
+  It is longer than the API server's own idle timeout (90 s, Go's http.DefaultTransport, which client-go's webhook
+  transport keeps), so the API server closes an idle connection first. A server that closes it first races the API
+  server's next review onto the closing connection: the API server does not retry a POST, and the review fails
+  with "failed calling webhook ...: EOF" (seen in CI when this was HEAD_DEADLINE, 5 s). Idle connections are the
+  first to go when the connections are full, so the longer timeout costs no memory bound;
 - request heads bounded by aiohttp's limits (MAX_HEADERS fields of at most MAX_FIELD_SIZE bytes each);
 - bodies that did not come with their head are read within a byte budget shared by all connections
   (`BodyBudget`), so trickled 4 MiB bodies cannot multiply.
@@ -48,8 +54,10 @@ def _env_number(name: str, default: float) -> float:
     return value
 
 
-# Seconds from accept to a complete first request head (TLS handshake included), and between two requests.
+# Seconds from accept to the end of the TLS handshake, and from a request head's first byte to its end.
 HEAD_DEADLINE = _env_number("HEAD_DEADLINE", 5.0)
+# Seconds an idle connection is kept: above the API server's 90 s, so the API server always closes it first.
+IDLE_TIMEOUT = _env_number("IDLE_TIMEOUT", 120.0)
 # Open connections at most (the API server keeps a few per replica; it opens more only under a burst).
 MAX_CONNECTIONS = int(_env_number("MAX_CONNECTIONS", 128))
 # Bytes of request bodies being read at one time, over all connections (a review's body is usually in its
@@ -69,7 +77,8 @@ class Connection:
     accepted: float
     sock: socket.socket | None  # until the handshake ends; then the transport owns it
     handshake: asyncio.Task | None = None
-    timer: asyncio.TimerHandle | None = None  # the head deadline
+    timer: asyncio.TimerHandle | None = None  # the handshake's deadline, then a head's
+    head_since: float | None = None  # when a request head began to arrive on the idle connection (loop time)
     transport: asyncio.Transport | None = None
     heads: int = 0  # requests whose complete head arrived
     active: int = 0  # requests being answered now
@@ -105,6 +114,7 @@ class Tracked(asyncio.Protocol):
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        self.guard.bytes_arrived(self.conn)
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -197,7 +207,7 @@ class ConnectionGuard:
             return
         conn = Connection(accepted=loop.time(), sock=sock)
         self.open[conn] = None
-        conn.timer = loop.call_at(conn.accepted + self.head_deadline, self._check_head, conn)
+        conn.timer = loop.call_at(conn.accepted + self.head_deadline, self._check_deadline, conn)
         conn.handshake = loop.create_task(self._handshake(loop, conn, sock))
 
     async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: Connection, sock: socket.socket) -> None:
@@ -216,15 +226,36 @@ class ConnectionGuard:
             if conn.transport is None:  # never reached aiohttp: nothing else will forget it
                 self.forget(conn)
 
-    def _check_head(self, conn: Connection) -> None:
-        if conn in self.open and conn.heads == 0:
-            self.close(conn, f"closed: no request head within {self.head_deadline:g} s")
+    def _check_deadline(self, conn: Connection) -> None:
+        """The handshake must be over by accept + HEAD_DEADLINE, and a head begun on an idle connection complete
+        by its first byte + HEAD_DEADLINE. A connection merely idle is left to IDLE_TIMEOUT (aiohttp's)."""
+        conn.timer = None
+        if conn not in self.open:
+            return
+        if conn.transport is None:
+            self.close(conn, f"closed: no TLS handshake within {self.head_deadline:g} s")
+        elif conn.head_since is not None:
+            loop = asyncio.get_running_loop()
+            due = conn.head_since + self.head_deadline
+            if loop.time() >= due:
+                self.close(conn, f"closed: request head not complete within {self.head_deadline:g} s")
+            else:
+                conn.timer = loop.call_at(due, self._check_deadline, conn)
+
+    def bytes_arrived(self, conn: Connection) -> None:
+        """Bytes on a connection answering nothing are a request head beginning: its deadline starts now."""
+        if conn.active == 0 and conn.head_since is None and conn in self.open:
+            loop = asyncio.get_running_loop()
+            conn.head_since = loop.time()
+            if conn.timer is None:
+                conn.timer = loop.call_at(conn.head_since + self.head_deadline, self._check_deadline, conn)
 
     def request_started(self, transport: asyncio.BaseTransport | None) -> Connection | None:
         conn = self.by_transport.get(transport) if transport is not None else None
         if conn is not None:
             conn.heads += 1
             conn.active += 1
+            conn.head_since = None
         return conn
 
     def request_done(self, conn: Connection | None) -> None:
@@ -275,7 +306,7 @@ def guard_app(app: web.Application) -> None:
 def app_runner(app: web.Application) -> web.AppRunner:
     """The runner of a guarded `app`: aiohttp's per-connection protocol made with our head bounds and keep-alive
     (no access log, no signal handlers of its own); set it up, then serve_app."""
-    return web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=HEAD_DEADLINE,
+    return web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=IDLE_TIMEOUT,
                          max_headers=MAX_HEADERS, max_field_size=MAX_FIELD_SIZE, max_line_size=MAX_FIELD_SIZE)
 
 
