@@ -65,6 +65,20 @@ def test_all_pods_succeed_with_prefixed_output_and_logs(network, tmp_path):
     assert (tmp_path / "logs/w-0/c.log").read_text() == "hello from w-0 on w-0\nno newline"
 
 
+def test_stdout_and_stderr_interleave_by_whole_lines_as_a_kubelet_logs_them(network, tmp_path):
+    """A line written in two pieces stays whole while the other stream writes between them (Python's print()
+    under PYTHONUNBUFFERED writes a line and its newline apart): CRI splits each stream at its own newlines.
+    A line longer than 16 KiB comes in pieces, as CRI logs it, and is whole again in the log file."""
+    script = ("printf 'half '; sleep 0.3; echo 'from stderr' >&2; sleep 0.3; echo 'and the rest'; "
+              "head -c 40000 /dev/zero | tr '\\0' x; echo")
+    result, out = supervise(tmp_path, [pod(network, tmp_path, "p", container("c", script, rank=0))])
+    assert result.exit_code == 0, out
+    lines = out.splitlines()
+    assert lines.index("[p] from stderr") < lines.index("[p] half and the rest"), out
+    assert [len(line) for line in lines if line.startswith("[p] xx")] == [4 + 16384, 4 + 16384, 4 + 40000 - 32768]
+    assert (tmp_path / "logs/p/c.log").read_text() == "from stderr\nhalf and the rest\n" + "x" * 40000 + "\n"
+
+
 def test_init_containers_run_in_order_before_the_containers(network, tmp_path):
     marker = tmp_path / "order"
     inits = [container("first", f"echo first >> {marker}", kind="init"),

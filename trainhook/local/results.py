@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 _CHUNK = 65536
+# containerd's max_container_log_line_size: a longer line is logged in pieces of this size.
+MAX_LINE = 16 * 1024
 
 
 @dataclass
@@ -103,18 +105,38 @@ class Output:
         except (BrokenPipeError, ValueError):
             self.stream = None  # the reader went away (`| head`): the log files still get everything
 
-    async def pump(self, reader: asyncio.StreamReader, prefix: str, log_path: Path) -> None:
+    async def pump(self, readers: list[asyncio.StreamReader], prefix: str, log_path: Path) -> None:
+        """A container's stdout and stderr into its log, each stream a whole line at a time, as a kubelet's
+        container runtime logs them (CRI splits each stream at its newlines: two streams interleave between lines,
+        never within one, and a line longer than MAX_LINE is cut into pieces, so no stream holds unbounded
+        memory)."""
         tag = f"[{prefix}] ".encode()
-        pending = b""
         mode = "ab" if log_path in self._opened else "wb"
         self._opened.add(log_path)
         with open(log_path, mode) as log:
-            while chunk := await reader.read(_CHUNK):
-                log.write(chunk)
-                log.flush()
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self.line(tag, line)
-        if pending:
-            self.line(tag, pending)
+            def emit(data: bytes, end: bytes) -> bytes:
+                """Log `data` in pieces of at most MAX_LINE; with no `end`, return its last piece (no newline yet)."""
+                while len(data) > MAX_LINE:
+                    piece, data = data[:MAX_LINE], data[MAX_LINE:]
+                    log.write(piece)
+                    self.line(tag, piece)
+                if end:
+                    log.write(data + end)
+                    self.line(tag, data)
+                    return b""
+                return data
+
+            async def follow(reader: asyncio.StreamReader) -> None:
+                pending = b""
+                while chunk := await reader.read(_CHUNK):
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        emit(line, b"\n")
+                    pending = emit(pending, b"")
+                    log.flush()
+                if pending:
+                    log.write(pending)
+                    self.line(tag, pending)
+                    log.flush()
+
+            await asyncio.gather(*(follow(reader) for reader in readers))

@@ -335,7 +335,7 @@ class Supervisor:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as e:
             self.output.line(f"[{prefix}] ".encode(), f"cannot start: {e}".encode())
             record.exit_code, record.finished = 128, time.monotonic()
@@ -345,8 +345,8 @@ class Supervisor:
         self._marks[proc.pid] = mark
         if self._stopping:
             self._terminate_later(proc, pod)
-        assert proc.stdout is not None  # PIPE
-        pump = asyncio.create_task(self.output.pump(proc.stdout, prefix, log_path))
+        assert proc.stdout is not None and proc.stderr is not None  # PIPE
+        pump = asyncio.create_task(self.output.pump([proc.stdout, proc.stderr], prefix, log_path))
         try:
             returncode = await exited(proc)
         finally:
