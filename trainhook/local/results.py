@@ -114,16 +114,15 @@ class Output:
         mode = "ab" if log_path in self._opened else "wb"
         self._opened.add(log_path)
         with open(log_path, mode) as log:
-            def emit(data: bytes, end: bytes) -> bytes:
-                """Log `data` in pieces of at most MAX_LINE; with no `end`, return its last piece (no newline yet)."""
+            def write(piece: bytes, end: bytes = b"") -> None:
+                log.write(piece + end)
+                self.line(tag, piece)
+
+            def cut(data: bytes) -> bytes:
+                """Write `data` in pieces of MAX_LINE while more than MAX_LINE is left; return what is left."""
                 while len(data) > MAX_LINE:
-                    piece, data = data[:MAX_LINE], data[MAX_LINE:]
-                    log.write(piece)
-                    self.line(tag, piece)
-                if end:
-                    log.write(data + end)
-                    self.line(tag, data)
-                    return b""
+                    write(data[:MAX_LINE])
+                    data = data[MAX_LINE:]
                 return data
 
             async def follow(reader: asyncio.StreamReader) -> None:
@@ -131,12 +130,11 @@ class Output:
                 while chunk := await reader.read(_CHUNK):
                     *lines, pending = (pending + chunk).split(b"\n")
                     for line in lines:
-                        emit(line, b"\n")
-                    pending = emit(pending, b"")
+                        write(cut(line), b"\n")
+                    pending = cut(pending)
                     log.flush()
                 if pending:
-                    log.write(pending)
-                    self.line(tag, pending)
+                    write(pending)
                     log.flush()
 
             await asyncio.gather(*(follow(reader) for reader in readers))
