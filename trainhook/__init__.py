@@ -1,6 +1,7 @@
 """trainhook: distributed training on plain Kubernetes workloads.
 
-`trainhook.TrainingClient` (the Python SDK, trainhook.sdk) is imported on first use, so importing trainhook (as
+The Python SDK (trainhook.sdk) is imported on first use: `trainhook.TrainingClient` (Kubeflow's v1 training SDK)
+and `trainhook.TrainerClient` with `trainhook.CustomTrainer` (Kubeflow Trainer v2's), so importing trainhook (as
 the webhook and the launcher do) loads nothing more than this file.
 """
 
@@ -9,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainhook.sdk import JobFailed, TrainingClient
+    from trainhook.sdk import CustomTrainer, JobFailed, KubernetesBackendConfig, TrainerClient, TrainingClient
 
-__all__ = ["JobFailed", "TrainingClient"]
+__all__ = ["CustomTrainer", "JobFailed", "KubernetesBackendConfig", "TrainerClient", "TrainingClient"]
 
 
 def __getattr__(name: str) -> Any:

@@ -184,3 +184,86 @@ def test_kubeflow_parameters_without_a_meaning_here_are_refused_by_name(argument
 def test_an_unknown_job_kind_is_refused_when_the_client_is_made():
     with pytest.raises(ValueError, match="job_kind='MXJob': trainhook runs JAXJob"):
         TrainingClient(job_kind="MXJob")
+
+
+# --- Kubeflow v1's condition calls and pod selection (trainhook/sdk/conditions.py) ---------------------------
+
+def gang_pods(**options) -> list[dict]:
+    """The pods of a gang as the webhook admits them (explain: its own code), in rank order."""
+    return pods_of(job_manifests("g", command=["python", "t.py"], **options))
+
+
+@pytest.mark.parametrize("options, selection, names", [
+    (dict(num_workers=3), dict(), ["g-0", "g-1", "g-2"]),
+    (dict(num_workers=3), dict(is_master=True), ["g-0"]),  # N equal pods: rank 0 is Kubeflow's master
+    (dict(num_workers=3), dict(replica_type="Master"), ["g-0"]),
+    (dict(num_workers=3), dict(replica_type="worker", replica_index=2), ["g-2"]),
+    (dict(framework="tensorflow", num_workers=2, num_chief_replicas=1, num_ps_replicas=1), dict(is_master=True),
+     ["g-chief-0"]),
+    (dict(framework="tensorflow", num_workers=2, num_chief_replicas=1, num_ps_replicas=1), dict(replica_type="PS"),
+     ["g-ps-0"]),
+    (dict(framework="tensorflow", num_workers=2, num_chief_replicas=1, num_ps_replicas=1),
+     dict(replica_type="worker", replica_index=1), ["g-worker-1"]),
+    (dict(framework="mpi", num_workers=2), dict(is_master=True), ["g-launcher-0"]),
+])
+def test_pods_are_selected_as_kubeflow_selects_them(options, selection, names):
+    from trainhook.sdk.conditions import select_pods
+
+    assert [p["metadata"]["name"] for p in select_pods(gang_pods(**options), **selection)] == names
+
+
+def test_an_unknown_replica_type_is_refused_naming_the_types():
+    from trainhook.sdk.conditions import select_pods
+
+    with pytest.raises(ValueError, match="replica_type='Evaluatorz': one of chief, evaluator, launcher, master"):
+        select_pods(gang_pods(num_workers=1), replica_type="Evaluatorz")
+
+
+def with_status(pod: dict, phase: str, restarts: int = 0, waiting: str = "") -> dict:
+    state = {"waiting": {"reason": waiting}} if waiting else {"running": {}}
+    return {**pod, "status": {"phase": phase, "containerStatuses": [
+        {"name": pod["spec"]["containers"][0]["name"], "restartCount": restarts, "state": state}]}}
+
+
+def statefulset(outcome=None) -> dict:
+    workload = job_manifests("g", command=["python", "t.py"], num_workers=2)[1]
+    if outcome is not None:
+        workload["metadata"]["annotations"] = outcome.annotations()
+    return workload
+
+
+def test_a_gangs_conditions_are_those_a_kubeflow_controller_writes():
+    from launcher_outcomes import decided
+    from trainhook.cluster.status import gang_state
+    from trainhook.sdk.conditions import job_conditions
+
+    def conditions(pods, outcome=None):
+        return [(c.type, c.status) for c in job_conditions(gang_state("g", "ns", [statefulset(outcome)], pods))]
+
+    first, second = gang_pods(num_workers=2)
+    assert conditions([with_status(first, "Pending"), with_status(second, "Running")]) == [("Created", "True")]
+    assert conditions([with_status(first, "Running"), with_status(second, "Running")]) == [
+        ("Created", "True"), ("Running", "True")]
+    assert conditions([with_status(first, "Running"), with_status(second, "Running", 2, "CrashLoopBackOff")]) == [
+        ("Created", "True"), ("Running", "True")]  # every pod running: Running, as Kubeflow's controller says
+    assert conditions([with_status(first, "Pending"), with_status(second, "Running", 2)]) == [
+        ("Created", "True"), ("Restarting", "True")]
+    succeeded = decided("g", size=2)
+    assert conditions([], succeeded) == [("Created", "True"), ("Running", "False"), ("Succeeded", "True")]
+    assert conditions([], decided("g", size=2, rank=1, code=3)) == [
+        ("Created", "True"), ("Running", "False"), ("Failed", "True")]
+    last = job_conditions(gang_state("g", "ns", [statefulset(succeeded)], []))[-1]
+    assert last.last_transition_time.isoformat().replace("+00:00", "Z") == succeeded.time
+    assert job_conditions(gang_state("g", "ns", [], [])) == []
+
+
+def test_the_condition_calls_refuse_what_kubeflow_refuses_before_connecting():
+    client = offline_client()
+    with pytest.raises(ValueError, match="job_kind='MXJob'"):
+        client.get_job_conditions("g", job_kind="MXJob")
+    with pytest.raises(ValueError, match="job= is the GangState get_job returns here"):
+        client.is_job_running(job={"kind": "PyTorchJob"})
+    with pytest.raises(ValueError, match="give the job's name"):
+        client.is_job_created()
+    with pytest.raises(ValueError, match="must be subset of"):
+        client.wait_for_job_conditions("g", expected_conditions={"Done"})

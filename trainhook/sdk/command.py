@@ -1,12 +1,13 @@
 """Ship a Python function in a pod's command, as Kubeflow's training SDK does (`create_job(train_func=...)`).
 
 The function's source (`inspect.getsource`, dedented) is written to a file by a bash heredoc in the container's
-command, followed by a call with the arguments (a JSON object, passed as one dict, as Kubeflow passes
-`parameters`), then run with `torchrun` for PyTorch (which reads its arguments from the PET_* variables the
-webhook injects) or `python` for the other frameworks. The heredoc's delimiter is quoted, so nothing in the
-source is expanded by the shell. Packages are pip-installed first. The function must be self-contained: it runs
-in a fresh interpreter, so its imports belong inside it. An image without the runner (`torchrun`, `python`) fails
-with exit 127 and `command not found: torchrun`, which the launcher puts in the gang's outcome.
+command, followed by a call with the arguments (a JSON object, passed as one dict, as Kubeflow's v1 SDK passes
+`parameters`, or as keyword arguments, as Trainer v2's passes `func_args`), then run with `torchrun` for PyTorch
+(which reads its arguments from the PET_* variables the webhook injects) or `python` for the other frameworks. The
+heredoc's delimiter is quoted, so nothing in the source is expanded by the shell. Packages are pip-installed first.
+The function must be self-contained: it runs in a fresh interpreter, so its imports belong inside it. An image
+without the runner (`torchrun`, `python`) fails with exit 127 and `command not found: torchrun`, which the launcher
+puts in the gang's outcome.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ ENTRYPOINT = {keys.PYTORCH: ["torchrun"]}
 DEFAULT_ENTRYPOINT = ["python"]
 
 
-def function_script(func: Callable, func_args: dict | None = None) -> str:
-    """The Python program: the function's source, then the call (with the arguments as one dict, if any)."""
+def function_script(func: Callable, func_args: dict | None = None, unpack: bool = False) -> str:
+    """The Python program: the function's source, then the call: the arguments as one dict (Kubeflow v1's
+    `parameters`), or with `unpack` as keyword arguments (Trainer v2's `func(**func_args)`)."""
     if not callable(func) or getattr(func, "__name__", "<lambda>") == "<lambda>":
         raise ValueError("func must be a function defined with def (its source is shipped to the pods)")
     try:
@@ -39,27 +41,34 @@ def function_script(func: Callable, func_args: dict | None = None) -> str:
     else:
         if not isinstance(func_args, dict):
             raise ValueError("func_args must be a dict (passed to the function as one argument, as Kubeflow does)")
-        call = f"{func.__name__}(json.loads({json.dumps(func_args)!r}))"
+        try:
+            encoded = json.dumps(func_args)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"func_args must be JSON (it is written into the pods' command): {e}") from e
+        call = f"{func.__name__}({'**' if unpack else ''}json.loads({encoded!r}))"
     return f"import json\n\n{source.rstrip()}\n\n\nif __name__ == \"__main__\":\n    {call}\n"
 
 
-def pip_command(packages: list[str], index_url: str | None = None) -> str:
+def pip_command(packages: list[str], index_url: str | None = None, extra_index_urls: list[str] | None = None) -> str:
+    """pip's command line; `extra_index_urls` are Trainer v2's pip_index_urls after the first."""
     index = f"--index-url {shlex.quote(index_url)} " if index_url else ""
+    index += "".join(f"--extra-index-url {shlex.quote(url)} " for url in extra_index_urls or [])
     names = " ".join(shlex.quote(p) for p in packages)
     return (f"PIP_DISABLE_PIP_VERSION_CHECK=1 python -m pip install --quiet --no-warn-script-location "
             f"{index}{names}")
 
 
 def function_command(func: Callable, func_args: dict | None = None, framework: str = keys.PYTORCH,
-                     packages_to_install: list[str] | None = None, pip_index_url: str | None = None) -> list[str]:
+                     packages_to_install: list[str] | None = None, pip_index_url: str | None = None, *,
+                     extra_index_urls: list[str] | None = None, unpack: bool = False) -> list[str]:
     """The container command: `bash -c` writing the function to a file and running it."""
-    script = function_script(func, func_args)
+    script = function_script(func, func_args, unpack)
     if any(line.strip() == DELIMITER for line in script.splitlines()):
         raise ValueError(f"the function's source contains the line {DELIMITER}")
     entrypoint = " ".join(ENTRYPOINT.get(framework, DEFAULT_ENTRYPOINT))
     lines = ["set -e"]
     if packages_to_install:
-        lines.append(pip_command(packages_to_install, pip_index_url))
+        lines.append(pip_command(packages_to_install, pip_index_url, extra_index_urls))
     runner = ENTRYPOINT.get(framework, DEFAULT_ENTRYPOINT)[0]
     lines += [
         'program_path="$(mktemp -d)"',

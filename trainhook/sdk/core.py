@@ -29,8 +29,9 @@ from trainhook.cluster.status import GangState, container_started, training_cont
 from trainhook.render.objects import Scheduling
 from trainhook.render.options import RenderOptions, render
 from trainhook.sdk.command import function_command
-from trainhook.sdk.kubeflow import env_entries, framework_of, job_only, kubeflow_job, nproc_per_node, one_of, \
-    pod_resources, replica_roles
+from trainhook.sdk.conditions import ConditionCalls, select_pods
+from trainhook.sdk.kubeflow import JOB_KINDS, env_entries, framework_of, job_only, kubeflow_job, nproc_per_node, \
+    one_of, pod_resources, replica_roles
 
 DEFAULT_BASE_IMAGE = "docker.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 __all__ = ["DEFAULT_BASE_IMAGE", "JobFailed", "TrainingClient", "job_manifests", "pod_resources"]
@@ -107,8 +108,9 @@ def submitted_objects(job: Any, namespace: str | None) -> list[dict]:
                      f"job (KubeflowOrgV1PyTorchJob, ... or its dict), not {type(job).__name__}")
 
 
-class TrainingClient:
-    """Create, follow and delete training gangs; Kubeflow's TrainingClient calls, trainhook's workloads."""
+class TrainingClient(ConditionCalls):
+    """Create, follow and delete training gangs; Kubeflow's TrainingClient calls, trainhook's workloads (the
+    condition calls and pod selection are conditions.py's)."""
 
     def __init__(self, config_file: str | None = None, context: str | None = None, namespace: str | None = None,
                  job_kind: str | None = None, client_configuration: Any = None):
@@ -206,26 +208,30 @@ class TrainingClient:
         cluster = self._in(namespace)
         return [gang_state(name, cluster.namespace, g.workloads, g.pods) for name, g in cluster.gangs().items()]
 
-    def is_job_succeeded(self, name: str, namespace: str | None = None) -> bool:
-        return self.get_job(name, namespace).outcome == "Succeeded"
-
-    def is_job_failed(self, name: str, namespace: str | None = None) -> bool:
-        return self.get_job(name, namespace).outcome == "Failed"
-
     def get_job_logs(self, name: str, namespace: str | None = None, container: str | None = None,
-                     follow: bool = False, tail: int | None = None) -> dict[str, str]:
+                     follow: bool = False, tail: int | None = None, *, job_kind: str | None = None,
+                     is_master: bool = False, replica_type: str | None = None, replica_index: int | None = None,
+                     timeout: int | None = None, verbose: bool = False) -> Any:
         """Each pod's log (the training container's, or `container`'s), by pod name in rank order; pods whose
         container has not started yet are left out. With `follow`, waits for the gang's pods and their containers
         to start (through PodInitializing: right after create_job is fine) and for the logs to end. A pod that went
         before its log could be read (a finished StatefulSet gang is scaled to zero, maybe while this reads) is
         given the last lines kept with the gang's outcome (the deciding rank's and rank 0's;
-        trainhook/cluster/logs.py), and so is every kept rank of a finished gang without pods."""
+        trainhook/cluster/logs.py), and so is every kept rank of a finished gang without pods.
+        Kubeflow's selection: `is_master` (rank 0, or the master/chief/launcher pod), `replica_type`,
+        `replica_index` (conditions.select_pods); `verbose` returns (logs, events) as Kubeflow v1.8+ does, the events
+        as {"Kind name": ["time message", ...]}. Kubeflow's third positional argument is `job_kind`: a kind given
+        there is taken as one."""
         from trainhook.cluster.logs import RECORD_WAIT, in_rank_order, kept_for, kept_label, kept_of_pod, \
             read_pod_log, state_of, wait_for_pods
 
+        if container in JOB_KINDS:  # get_job_logs(name, namespace, "PyTorchJob"), Kubeflow's order
+            job_kind, container = container, None
+        framework_of(job_kind, None)
+        selecting = is_master or replica_type is not None or replica_index is not None
         cluster = self._in(namespace)
         state, pods = wait_for_pods(cluster, name) if follow else state_of(cluster, name)
-        pods = in_rank_order(pods)
+        pods = select_pods(in_rank_order(pods), is_master, replica_type, replica_index)
         logs: dict[str, str] = {p["metadata"]["name"]: "" for p in pods}
         missed: list[dict] = []
         failures: list[Exception] = []
@@ -253,7 +259,18 @@ class TrainingClient:
         if missed or (not pods and state.finished):
             _, kept = kept_for(cluster, name, wait=0 if not pods else RECORD_WAIT)
             for entry in (kept if not pods else [k for k in map(lambda p: kept_of_pod(kept, p), missed) if k]):
+                if not pods and selecting and not (is_master and entry.rank == 0):
+                    continue  # without pods only rank 0 (the master) can be told apart
                 logs[kept_label(entry)] = entry.lines + "\n"
+        if verbose:
+            from trainhook.sdk.events import read_events
+
+            events: dict[str, list[str]] = {}
+            for event in read_events(cluster, name):
+                when = event.event_time.strftime("%Y-%m-%d %H:%M:%S") if event.event_time else "-"
+                events.setdefault(f"{event.involved_object_kind} {event.involved_object_name}", []).append(
+                    f"{when} {event.message}")
+            return logs, events
         return logs
 
     def wait_for_job(self, name: str, namespace: str | None = None, timeout: float | None = 600,
