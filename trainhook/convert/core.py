@@ -10,45 +10,38 @@ tolerations, volumes, resources, env); every Kubeflow field with a trainhook cou
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 
 from trainhook.gang import keys
-from trainhook.convert.policies import KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, SLOTS_PER_WORKER, ConvertError, \
-    Fields, KubeflowKind, as_int, infer_scheduler, kubeflow_port, mpi_options, pytorch_options, scheduling_of, \
-    set_mpi_commands, training_container
+from trainhook.convert.policies import KUBECTL_LAST_APPLIED, KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATION, \
+    SERVER_METADATA, SLOTS_PER_WORKER, ConvertError, Converted, Fields, KubeflowKind, as_int, infer_scheduler, \
+    kubeflow_port, mpi_options, pytorch_options, scheduling_of, set_mpi_commands, training_container
 from trainhook.convert.run_policy import Restart, clean_pod_policy, pod_restart_policy, run_policy
 from trainhook.render.objects import Gang, RenderError, gang_objects
-from trainhook.webhook.delivery import parse_entrypoint
-from trainhook.webhook.gang import Problems
+from trainhook.webhook.admission.delivery import parse_entrypoint
+from trainhook.webhook.admission.member import Problems
 from trainhook.yaml_stream import yaml_documents
 
 __all__ = ["KINDS", "ConvertError", "Converted", "MPI_IMPLEMENTATION", "SLOTS_PER_WORKER", "convert_job",
-           "convert_text", "load_documents"]
+           "load_documents"]
 
-# Written by the API server; a job read back with `kubectl get -o yaml` carries them and they mean nothing here.
-SERVER_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink",
-                   "deletionTimestamp", "deletionGracePeriodSeconds")
-KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")  # Kubeflow's
 
 KINDS: dict[tuple[str, str], KubeflowKind] = {
     ("kubeflow.org/v1", "PyTorchJob"): KubeflowKind(keys.PYTORCH, "pytorchReplicaSpecs", "pytorch", "pytorchjob-port",
-                                                    restart_policy="OnFailure"),
+                                                    restart_policy="OnFailure", single_type="Master",
+                                                    kubeflow_refuses=True),
     ("kubeflow.org/v1", "TFJob"): KubeflowKind(keys.TENSORFLOW, "tfReplicaSpecs", "tensorflow", "tfjob-port"),
-    ("kubeflow.org/v1", "XGBoostJob"): KubeflowKind(keys.XGBOOST, "xgbReplicaSpecs", "xgboost", "xgboostjob-port"),
+    ("kubeflow.org/v1", "XGBoostJob"): KubeflowKind(keys.XGBOOST, "xgbReplicaSpecs", "xgboost", "xgboostjob-port",
+                                                    single_type="Master", kubeflow_refuses=True),
     ("kubeflow.org/v1", "JAXJob"): KubeflowKind(keys.JAX, "jaxReplicaSpecs", "jax", "jaxjob-port"),
     ("kubeflow.org/v1", "PaddleJob"): KubeflowKind(keys.PADDLE, "paddleReplicaSpecs", "paddle", "master",
-                                                   restart_policy="OnFailure"),
-    ("kubeflow.org/v1", "MPIJob"): KubeflowKind(keys.MPI, "mpiReplicaSpecs", "mpi", ""),
+                                                   restart_policy="OnFailure", single_type="Master"),
+    ("kubeflow.org/v1", "MPIJob"): KubeflowKind(keys.MPI, "mpiReplicaSpecs", "mpi", "", single_type="Launcher",
+                                                kubeflow_refuses=True),
     ("kubeflow.org/v2beta1", "MPIJob"): KubeflowKind(keys.MPI, "mpiReplicaSpecs", "", "",
-                                                     launcher_restart_policy="OnFailure"),
+                                                     launcher_restart_policy="OnFailure", single_type="Launcher",
+                                                     kubeflow_refuses=True),
 }
-
-
-@dataclass
-class Converted:
-    objects: list[dict] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
 
 def role_template(kubeflow_spec: dict, role: str, kind: KubeflowKind, main_container: str, workload_kind: str,
@@ -85,6 +78,30 @@ def role_template(kubeflow_spec: dict, role: str, kind: KubeflowKind, main_conta
     return template, restart, kubeflow_port(container, kind.port_name)
 
 
+def check_single(kind: KubeflowKind, kind_name: str, replica_type: str, replicas: int, specs: dict,
+                 where: str) -> None:
+    """A Master (PyTorchJob, XGBoostJob, PaddleJob) or Launcher (MPIJob) with replicas other than 1 is refused: the
+    converted gang would be refused by trainhook's webhook at `kubectl apply` (and by `trainhook explain`), and
+    Kubeflow refuses the job itself for PyTorchJob, XGBoostJob and MPIJob, so the manifests could never have run.
+    Zero is refused where Kubeflow refuses it (its check is `!= 1`); PaddleJob's zero is left to the zero-replica
+    warning, as Kubeflow takes it."""
+    if not kind.single_type or replica_type.lower() != kind.single_type.lower():
+        return
+    if replicas == 1 or (replicas < 1 and not kind.kubeflow_refuses):
+        return
+    single = kind.single_type
+    worker = next((t for t in specs if t.lower() == "worker"), "Worker")
+    workers = as_int((specs.get(worker) or {}).get("replicas", 1), f"spec.{kind.replica_specs}.{worker}.replicas") \
+        if worker in specs else 0
+    who = (f"Kubeflow allows exactly one {single} in a {kind_name} (it refuses this job: there must be only 1 "
+           f"{single.lower()} replica), and trainhook's webhook would refuse the converted gang"
+           if kind.kubeflow_refuses else f"trainhook's webhook runs exactly one {single.lower()} and would refuse "
+                                         "the converted gang")
+    fix = (f"set {single}.replicas: 1 and put the other replicas in {worker} ({worker}.replicas: "
+           f"{workers + replicas - 1})" if replicas > 1 else f"set {single}.replicas: 1")
+    raise ConvertError(f"{where}: spec.{kind.replica_specs}.{replica_type}.replicas={replicas}: {who}; {fix}")
+
+
 def check_keys(where: str, labels: dict, annotations: dict, templates: list[tuple[str, int, dict]],
                types: dict[str, str], replica_specs: str) -> None:
     """A trainhook.dev/ key of the job or a pod template that trainhook would never read (a typo): refused, as
@@ -95,6 +112,13 @@ def check_keys(where: str, labels: dict, annotations: dict, templates: list[tupl
         problems += keys.unknown_keys(meta.get("labels"), meta.get("annotations"),
                                       f"spec.{replica_specs}.{types[role]}.template.metadata")
     if problems:
+        raise ConvertError(f"{where}: " + "; ".join(problems))
+
+
+def check_entrypoint_annotation(value: str, where: str) -> None:
+    """A `trainhook.dev/entrypoint` annotation checked as the webhook checks it (a JSON list of strings)."""
+    problems = Problems()
+    if parse_entrypoint(value, problems) is None:
         raise ConvertError(f"{where}: " + "; ".join(problems))
 
 
@@ -118,9 +142,7 @@ def require_commands(templates: list[tuple[str, int, dict]], types: dict[str, st
     for role, _, template in templates:
         given = {**job_annotations, **((template.get("metadata") or {}).get("annotations") or {})}
         if keys.ENTRYPOINT in given:
-            problems = Problems()
-            if parse_entrypoint(given[keys.ENTRYPOINT], problems) is None:
-                raise ConvertError(f"{where}: " + "; ".join(problems))
+            check_entrypoint_annotation(given[keys.ENTRYPOINT], where)
         if keys.ENTRYPOINT in given or given.get(keys.LAUNCHER) == keys.LAUNCHER_NONE:
             continue
         if kind.framework == keys.MPI and role == "worker":
@@ -180,6 +202,7 @@ def convert_job(job: dict, workload_kind: str = "statefulset", gang_scheduler: s
             raise ConvertError(f"{where}: spec.{kind.replica_specs}.{replica_type}: not a {kind_name} replica type "
                                f"(use {', '.join(r.capitalize() if r != 'ps' else 'PS' for r in order)})")
         replicas = as_int((replica or {}).get("replicas", 1), f"spec.{kind.replica_specs}.{replica_type}.replicas")
+        check_single(kind, kind_name, replica_type, replicas, specs, where)
         if replicas < 1:
             fields.drop(f"spec.{kind.replica_specs}.{replica_type}", replica, "zero replicas")
             continue
@@ -271,25 +294,3 @@ def load_documents(text: str, path: str = "<input>") -> list[dict]:
         else:
             objects.append(doc)
     return objects
-
-
-def is_kubeflow(obj: dict) -> bool:
-    return str(obj.get("apiVersion", "")).startswith("kubeflow.org/")
-
-
-def convert_text(text: str, path: str = "<input>", workload_kind: str = "statefulset",
-                 gang_scheduler: str | None = None, namespace: str | None = None,
-                 entrypoint: list[str] | None = None) -> Converted:
-    """Every Kubeflow job of a YAML stream converted; other objects (ConfigMaps, ...) passed through as they are."""
-    result = Converted()
-    objects = load_documents(text, path)
-    if not any(is_kubeflow(obj) for obj in objects):
-        raise ConvertError(f"{path}: no Kubeflow job (apiVersion kubeflow.org/...) to convert")
-    for obj in objects:
-        if not is_kubeflow(obj):
-            result.objects.append(obj)
-            continue
-        converted = convert_job(obj, workload_kind, gang_scheduler, namespace, entrypoint)
-        result.objects += converted.objects
-        result.warnings += converted.warnings
-    return result

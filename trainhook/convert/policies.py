@@ -6,7 +6,7 @@ is dropped silently; a field set to the value that asks for what trainhook does 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import yaml
 
@@ -18,10 +18,29 @@ MPI_IMPLEMENTATION, SLOTS_PER_WORKER = keys.MPI_IMPLEMENTATION, keys.SLOTS_PER_W
 MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
 # The label Kueue users put on a Kubeflow job to queue it (Kueue's Kubeflow integration).
 KUEUE_QUEUE_LABEL = keys.KUEUE_QUEUE_NAME
+# How mpirun reaches the workers here (launcher/mpi/kubexec.py, docs/use/frameworks/mpi.md "Transports"): the launcher's
+# rsh agent asks each worker's own `trainhook-launch mpi-worker` over the gang's authenticated port (the default
+# `gang` transport), so no sshd, no ssh keys and no exec permission are needed.
+WORKERS_REACHED = ("mpirun starts its daemons through trainhook's rsh agent, which has each worker's own mpi-worker "
+                   "run them, asked over the gang's authenticated port (the default gang transport): no sshd, no ssh "
+                   "keys, no exec permission")
+NO_SSH = f"trainhook's MPI gangs mount no ssh keys: {WORKERS_REACHED}"
 
 
 class ConvertError(ValueError):
     """Input convert cannot turn into a gang; the message names the file, object or field."""
+
+
+@dataclass
+class Converted:
+    objects: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+# Written by the API server; a job read back with `kubectl get -o yaml` carries them and they mean nothing here.
+SERVER_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink",
+                   "deletionTimestamp", "deletionGracePeriodSeconds")
+KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 @dataclass(frozen=True)
@@ -34,6 +53,11 @@ class KubeflowKind:
     # mpi-operator v2beta1's for its launcher Job ("": the same)
     restart_policy: str = "Never"
     launcher_restart_policy: str = ""
+    # The replica type the kind runs exactly once ("": none), and whether Kubeflow itself refuses another count
+    # (training-operator's ValidateV1PyTorchJobSpec/ValidateV1XGBoostJobSpec "There must be only 1 master replica",
+    # mpi-operator's launcher "must be 1"); trainhook's webhook refuses more than one either way.
+    single_type: str = ""
+    kubeflow_refuses: bool = False
 
     def default_restart_policy(self, role: str) -> str:
         return (role == "launcher" and self.launcher_restart_policy) or self.restart_policy
@@ -182,8 +206,7 @@ def mpi_options(spec: dict, api_version: str, fields: Fields, annotations: dict)
                                                              "WaitForWorkersReady); the launcher starts at once")
     if spec.get("runLauncherAsWorker") is False:
         spec.pop("runLauncherAsWorker")  # mpi-operator's default: the launcher runs no ranks, as here
-    for name, why in (("sshAuthMountPath", "trainhook's launcher reaches the workers through the Kubernetes exec "
-                                           "API (kubexec), not ssh; no ssh keys are mounted"),
+    for name, why in (("sshAuthMountPath", NO_SSH),
                       ("runLauncherAsWorker", "the launcher pod is not in the hostfile and runs no ranks; for a gang "
                                               "whose every pod runs ranks, write one workload without roles, whose "
                                               "pod 0 launches (docs/use/frameworks/mpi.md, two layouts)")):
@@ -207,6 +230,6 @@ def set_mpi_commands(templates: list[tuple[str, int, dict]], kind: KubeflowKind,
         if own[:2] != MPI_WORKER:
             what = f"ran `{' '.join(own)}`" if own else "had no command (mpi-operator ran sshd)"
             fields.warnings.append(f"{fields.where}: {path}: the workers {what}; they run `trainhook-launch "
-                                   "mpi-worker` instead (the launcher reaches them through kubexec, not ssh)")
+                                   f"mpi-worker` instead ({WORKERS_REACHED})")
             container["command"] = list(MPI_WORKER)
             container.pop("args", None)
