@@ -127,3 +127,25 @@ def test_a_shipped_function_runs_on_every_process_under_python(tmp_path):
     out = run_local(tmp_path, objects)
     ran = re.findall(r"^\[jx-(\d)-\w+\] sdk-function process=(\d) of=2$", out, re.M)
     assert sorted(ran) == [("0", "0"), ("1", "1")]
+
+
+def test_the_docs_job_manifests_example_runs_and_its_function_takes_what_it_is_given(tmp_path):
+    """docs/use/sdk.md's offline example, run as the reader runs it (a file, python); then the program it ships to
+    the pods, run here with a rank's variables: the call must match the function's signature."""
+    import yaml
+
+    text = (ROOT / "docs" / "use" / "sdk.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "job_manifests(" in b]
+    (tmp_path / "example.py").write_text(block)
+    result = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    validate_objects(objects)
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [("Service", "mnist"), ("Job", "mnist")]
+    script = objects[1]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    program = script.split(f"<<'{DELIMITER}'\n", 1)[1].split(f"\n{DELIMITER}\n", 1)[0]
+    (tmp_path / "program.py").write_text(program)
+    ran = subprocess.run([sys.executable, str(tmp_path / "program.py")], capture_output=True, text=True, timeout=60,
+                         env={"RANK": "1", "PATH": "/usr/bin:/bin"})
+    assert (ran.returncode, ran.stdout) == (0, "rank 1 lr 0.1\n"), ran.stderr

@@ -168,8 +168,9 @@ class TrainingClient(ConditionCalls):
                    packages_to_install: list[str] | None = None, framework: str | None = None,
                    namespace: str | None = None, job: Any = None, dry_run: bool = False, *,
                    job_kind: str | None = None, **options) -> list[dict]:
-        """Create a gang from a function (`func`, or Kubeflow's `train_func`/`parameters`), a `command=`, an image's
-        own entrypoint (`base_image=` alone), or ready manifests (`job=`, also a Kubeflow job, which is converted);
+        """Create a gang from a function (`func`, or Kubeflow's `train_func`/`parameters`), a `command=` (with
+        `base_image=`: an image's entrypoint, named, since `base_image=` alone is refused), or ready manifests (`job=`,
+        also a Kubeflow job, which is converted);
         returns the objects created (with `dry_run`, the manifests only). Every other keyword is job_manifests'.
         As in Kubeflow's SDK, the first argument may be the job itself."""
         if name is not None and not isinstance(name, str):
