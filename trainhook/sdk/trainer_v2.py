@@ -172,12 +172,16 @@ class TrainerClient:
         """The log lines of one step (`node-<rank>`), as an iterator; with `follow`, as they are written (waiting
         for the pod to start). A step whose pod went after the gang finished (a StatefulSet gang is scaled to zero)
         gives the last lines kept with the outcome, when its rank's were kept (rank 0's always are)."""
-        from trainhook.cluster.logs import RECORD_WAIT, kept_for, read_pod_log, state_of, wait_for_pods
+        from trainhook.cluster.logs import POLL, RECORD_WAIT, kept_for, read_pod_log, state_of
 
         rank = step_rank(step)
         cluster = self.training._in(None)
-        state, pods = wait_for_pods(cluster, name) if follow else state_of(cluster, name)
+        state, pods = state_of(cluster, name)
         pod = next((p for p in pods if pod_rank(p) == rank), None)
+        while follow and pod is None and not state.finished and state.outcome != "NotFound" and rank < state.size:
+            time.sleep(POLL)  # right after train(): the step's pod is not created yet
+            state, pods = state_of(cluster, name)
+            pod = next((p for p in pods if pod_rank(p) == rank), None)
         if pod is None:
             if state.finished:
                 _, kept = kept_for(cluster, name, wait=0)
