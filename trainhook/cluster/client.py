@@ -4,6 +4,10 @@ Everything here is a Kubernetes API call and nothing else; what the answers mean
 decided by the pure functions of trainhook.cluster.status, on plain dicts. A gang is every object labeled
 `trainhook.dev/job-name=<name>`. Configuration: an explicit kubeconfig, else $KUBECONFIG or ~/.kube/config,
 else the pod's in-cluster service account.
+
+A server that cannot be reached, or refuses the credentials or the call, is one ClusterUnreachable or ClusterDenied
+naming it and the fix (trainhook.cluster.reach), never urllib3's chain of errors; the client is built with bounded
+retries and timeouts, so that is said at once.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from trainhook.gang import keys
+from trainhook.cluster import reach
+# The errors live in trainhook.cluster.errors; callers import them from here too.
+from trainhook.cluster.errors import ClusterDenied, ClusterError, ClusterUnreachable, api_error, reaching  # noqa: F401
 from trainhook.gang.lookup import LABELS, setting
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -32,27 +39,6 @@ GANG_KINDS = [("apps/v1", "StatefulSet"), ("batch/v1", "Job"), ("v1", "Pod"), ("
               ("scheduling.volcano.sh/v1beta1", "PodGroup"), ("scheduling.x-k8s.io/v1alpha1", "PodGroup")]
 
 
-class ClusterError(Exception):
-    """An API call failed; the message is the API server's, as kubectl prints it."""
-
-    def __init__(self, message: str, status: int = 0):
-        super().__init__(message)
-        self.status = status
-
-
-def api_error(e: Exception, what: str = "") -> ClusterError:
-    """`Error from server (Reason): kind/name: message`, as kubectl says it, from an ApiException's Status."""
-    status = getattr(e, "status", 0) or 0
-    try:
-        body = json.loads(getattr(e, "body", None) or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") or getattr(e, "reason", None) or str(e)
-    reason = body.get("reason") or getattr(e, "reason", "") or "Error"
-    prefix = f"{what}: " if what else ""
-    return ClusterError(f"Error from server ({reason}): {prefix}{message}", status)
-
-
 def load_api_client(kubeconfig: str | None = None, context: str | None = None):
     """A kubernetes ApiClient from a kubeconfig (the flag, $KUBECONFIG, ~/.kube/config) or in-cluster."""
     from kubernetes import client, config
@@ -60,18 +46,36 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None):
 
     kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")  # read now: the client reads it once, at import
     default = Path(os.path.expanduser("~/.kube/config"))
+    configuration = client.Configuration()
     if kubeconfig or default.exists():
         try:
-            return config.new_client_from_config(config_file=kubeconfig, context=context, persist_config=False)
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration,
+                                    persist_config=False)
         except (ConfigException, OSError) as e:
             raise ClusterError(f"cannot load kubeconfig {kubeconfig or default}: {e}") from e
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except ConfigException as e:
-        raise ClusterError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a pod: "
-                           f"{e}") from e
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except ConfigException as e:
+            raise ClusterError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a pod: "
+                               f"{e}") from e
     return client.ApiClient(configuration)
+
+
+def origin_of(kubeconfig: str | None = None, context: str | None = None) -> str:
+    """Where the server's address came from, as a failure names it: `kubeconfig PATH, context NAME`."""
+    from kubernetes import config
+
+    kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
+    default = Path(os.path.expanduser("~/.kube/config"))
+    if not kubeconfig and not default.exists():
+        return "in-cluster service account"
+    if not context:
+        try:
+            context = config.list_kube_config_contexts(config_file=kubeconfig)[1].get("name")
+        except Exception:  # noqa: BLE001 - only a name for a message; loading the kubeconfig reports its errors
+            context = None
+    return f"kubeconfig {kubeconfig or default}" + (f", context {context}" if context else "")
 
 
 def default_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:
@@ -117,28 +121,45 @@ class GangObjects:
 class Cluster:
     """Calls on one cluster; objects go in and come out as plain dicts."""
 
-    def __init__(self, api_client, namespace: str = "default"):
+    def __init__(self, api_client, namespace: str = "default", origin: str = ""):
+        """`origin` says where the server's address came from (`kubeconfig PATH, context NAME`), for messages.
+        The client's connections get trainhook's retries (reach.bound), wherever it was built (the SDK's
+        client_configuration too)."""
         from kubernetes import client
 
+        reach.bound(api_client)
         self.api_client = api_client
         self.namespace = namespace
+        self.origin = origin
+        self.server = api_client.configuration.host
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, context: str | None = None,
                 namespace: str | None = None) -> "Cluster":
-        return cls(load_api_client(kubeconfig, context), namespace or default_namespace(kubeconfig, context))
+        return cls(load_api_client(kubeconfig, context), namespace or default_namespace(kubeconfig, context),
+                   origin_of(kubeconfig, context))
 
     def close(self) -> None:
         self.api_client.close()
 
-    @staticmethod
-    def _json(response) -> dict:
-        """The raw answer's JSON: read without the typed models, which do not know every server's answers
+    def _reaching(self):
+        return reaching(self.server, self.origin)
+
+    def _raw(self, method, *args, streaming: bool = False, **kwargs):
+        """One API call with the bounded timeouts, its answer unread; failures as errors.reaching says."""
+        with self._reaching():
+            return method(*args, _preload_content=False, _request_timeout=reach.request_timeout(streaming),
+                          **kwargs)
+
+    def _call(self, method, *args, **kwargs) -> dict:
+        """One API call's answer as JSON: read without the typed models, which do not know every server's answers
         (a 1.20 API server answers a Service deletion with a Status, not the Service)."""
+        response = self._raw(method, *args, **kwargs)
         try:
-            return json.loads(response.data or b"{}")
+            with self._reaching():
+                return json.loads(response.data or b"{}")
         finally:
             response.release_conn()
 
@@ -160,9 +181,9 @@ class Cluster:
                 if creator is None:
                     raise ClusterError(f"{obj['kind'].lower()}/{obj['metadata'].get('name')}: not a namespaced "
                                        "core kind; create it with kubectl")
-                return self._json(creator(namespace, obj, _preload_content=False))
-            return self._json(self.custom.create_namespaced_custom_object(group, version, namespace, plural, obj,
-                                                                          _preload_content=False))
+                return self._call(creator, namespace, obj)
+            return self._call(self.custom.create_namespaced_custom_object, group, version, namespace,
+                                         plural, obj)
         except ApiException as e:
             raise api_error(e, f"{obj['kind'].lower()}/{obj['metadata'].get('name')}") from e
 
@@ -176,10 +197,10 @@ class Cluster:
         try:
             if not group:
                 lister = getattr(self.core, f"list_namespaced_{snake(kind)}")
-                answer = self._json(lister(namespace, label_selector=selector, _preload_content=False))
+                answer = self._call(lister, namespace, label_selector=selector)
             else:
-                answer = self._json(self.custom.list_namespaced_custom_object(
-                    group, version, namespace, plural, label_selector=selector, _preload_content=False))
+                answer = self._call(self.custom.list_namespaced_custom_object, group, version,
+                                               namespace, plural, label_selector=selector)
             items = answer.get("items") or []
         except ApiException as e:
             if e.status == 404 and group:  # the CRD is not installed: nothing of that kind
@@ -201,11 +222,10 @@ class Cluster:
         try:
             if not group:
                 deleter = getattr(self.core, f"delete_namespaced_{snake(obj['kind'])}")
-                self._json(deleter(meta["name"], namespace, body=background, _preload_content=False))
+                self._call(deleter, meta["name"], namespace, body=background)
             else:
-                self._json(self.custom.delete_namespaced_custom_object(
-                    group, version, namespace, self._plural(obj), meta["name"], body=background,
-                    _preload_content=False))
+                self._call(self.custom.delete_namespaced_custom_object, group, version, namespace,
+                                      self._plural(obj), meta["name"], body=background)
         except ApiException as e:
             if e.status != 404:
                 raise api_error(e, f"{obj['kind'].lower()}/{meta['name']}") from e
@@ -250,7 +270,7 @@ class Cluster:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self._json(self.core.read_namespaced_pod(name, self.namespace, _preload_content=False))
+            return self._call(self.core.read_namespaced_pod, name, self.namespace)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -260,20 +280,22 @@ class Cluster:
         """A container's log, line by line (following it while the container runs, with `follow`)."""
         from kubernetes.client.exceptions import ApiException
 
-        kwargs: dict = {"container": container, "follow": follow, "_preload_content": False}
+        kwargs: dict = {"container": container, "follow": follow}
         if tail is not None:
             kwargs["tail_lines"] = tail
         try:
-            response: Any = self.core.read_namespaced_pod_log(pod, self.namespace, **kwargs)
+            response: Any = self._raw(self.core.read_namespaced_pod_log, pod, self.namespace, streaming=follow,
+                                       **kwargs)
         except ApiException as e:
             raise api_error(e, f"pod/{pod}") from e
         pending = b""
         try:
-            for chunk in response.stream(4096, decode_content=True):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    yield line.decode("utf-8", "replace")
+            with self._reaching():  # the connection may break while the log streams
+                for chunk in response.stream(4096, decode_content=True):
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        yield line.decode("utf-8", "replace")
             if pending:
                 yield pending.decode("utf-8", "replace")
         finally:

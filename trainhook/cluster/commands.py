@@ -32,8 +32,13 @@ def connect(args: argparse.Namespace):
     return Cluster.connect(args.kubeconfig, args.context, args.namespace)
 
 
+def _said(message: str) -> str:
+    """An error as kubectl prints it: the server's own `Error from server (...)`, else `error: ...`."""
+    return message if message.startswith("Error from server") else f"error: {message}"
+
+
 def _error(message: str) -> int:
-    print(message if message.startswith("Error from server") else f"error: {message}", file=sys.stderr)
+    print(_said(message), file=sys.stderr)
     return 1
 
 
@@ -65,10 +70,9 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def manifest_objects(text: str, path: str, namespace: str | None) -> list[dict]:
     """Every object of a manifest (checked by the webhook's own code first); raises ManifestError/Refused."""
-    from trainhook.render.explain import explain_manifest
-    from trainhook.local.manifest import parse_manifest
+    from trainhook.render.explain import explain_text
 
-    explain_manifest(parse_manifest(text, path, namespace))
+    explain_text(text, path, namespace)
     objects = []
     for doc in yaml.safe_load_all(text):
         if isinstance(doc, dict) and doc.get("kind") == "List":
@@ -258,8 +262,8 @@ def logs_main(args: argparse.Namespace) -> int:
         failures.append(str(e))
     finally:
         cluster.close()
-    for failure in failures:
-        print(failure, file=sys.stderr)
+    for failure in dict.fromkeys(failures):  # a server gone mid-way fails every pod's read alike: said once
+        print(_said(failure), file=sys.stderr)
     return 1 if failures else 0
 
 
