@@ -286,3 +286,51 @@ def test_the_console_script_converts_from_standard_input():
     validate_objects(objects)
     assert objects[-1]["spec"] == {"minMember": 4}
     assert "spec.successPolicy=AllWorkers" in result.stderr
+
+
+@pytest.mark.parametrize("kind, replica_type, replicas, refused", [
+    ("PyTorchJob", "Master", 2, "Kubeflow allows exactly one Master per PyTorchJob"),
+    ("PyTorchJob", "Master", 0, "Kubeflow allows exactly one Master per PyTorchJob"),
+    ("MPIJob", "Launcher", 2, "Kubeflow allows exactly one Launcher per MPIJob"),
+    ("PaddleJob", "Master", 3, "trainhook's webhook runs exactly one master"),
+])
+def test_a_second_master_or_launcher_is_refused_as_kubeflow_and_the_webhook_refuse_it(kind, replica_type, replicas,
+                                                                                       refused, tmp_path, capsys):
+    """Issue 34: convert used to succeed on `Master.replicas: 2` while `trainhook explain` of its output refused."""
+    body = job(kind)
+    specs = next(v for k, v in body["spec"].items() if k.endswith("ReplicaSpecs"))
+    specs[replica_type]["replicas"] = replicas
+    with pytest.raises(ConvertError) as e:
+        convert_job(body)
+    message = str(e.value)
+    assert refused in message and f"{replica_type}.replicas={replicas}" in message
+    assert f"set {replica_type}.replicas: 1" in message
+    if replicas > 1:  # the fix keeps the pod count: the extra masters become workers
+        assert f"Worker (Worker.replicas: {2 + replicas - 1})" in message
+    source = tmp_path / "job.yaml"
+    source.write_text(yaml.safe_dump(body))
+    assert main(["convert", str(source)]) == 1
+    assert refused in capsys.readouterr().err
+
+
+def test_one_master_is_what_explain_admits_so_the_converted_job_is_never_a_trap():
+    converted = convert_job(job("PyTorchJob"))
+    assert [p.pod["metadata"]["name"] for p in explain_text(to_yaml(converted.objects)).pods] == \
+        ["j-master-0", "j-worker-0", "j-worker-1"]
+
+
+@pytest.mark.parametrize("api_version, field", [("kubeflow.org/v1", None), ("kubeflow.org/v2beta1", "sshAuthMountPath")])
+def test_mpi_warnings_describe_the_gang_transport_not_kubexec(api_version, field):
+    """The MPI transport is the launcher's `gang` rsh agent (launcher/kubexec.py, docs/use/frameworks/mpi.md); the
+    warnings must not send a user looking for exec permissions that convert's output never needs."""
+    body = job("MPIJob", api_version, **({field: "/root/.ssh"} if field else {}))
+    for spec in body["spec"]["mpiReplicaSpecs"].values():
+        spec["template"]["spec"]["containers"][0]["name"] = "mpi"
+    body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"] = ["/usr/sbin/sshd"]
+    warnings = convert_job(body).warnings
+    about_workers = [w for w in warnings if "mpi-worker" in w]
+    assert about_workers and all("gang transport" in w and "authenticated port" in w for w in about_workers)
+    assert not any("kubexec" in w or "exec API" in w for w in warnings)
+    if field:
+        assert any(w.startswith("MPIJob/j: spec.sshAuthMountPath=/root/.ssh: trainhook's MPI gangs mount no ssh keys")
+                   for w in warnings)

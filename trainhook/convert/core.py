@@ -93,7 +93,7 @@ def check_single(kind: KubeflowKind, kind_name: str, replica_type: str, replicas
     worker = next((t for t in specs if t.lower() == "worker"), "Worker")
     workers = as_int((specs.get(worker) or {}).get("replicas", 1), f"spec.{kind.replica_specs}.{worker}.replicas") \
         if worker in specs else 0
-    who = (f"Kubeflow allows exactly one {single} in a {kind_name} (it refuses this job: there must be only 1 "
+    who = (f"Kubeflow allows exactly one {single} per {kind_name} (it refuses this job: there must be only 1 "
            f"{single.lower()} replica), and trainhook's webhook would refuse the converted gang"
            if kind.kubeflow_refuses else f"trainhook's webhook runs exactly one {single.lower()} and would refuse "
                                          "the converted gang")
