@@ -5,6 +5,7 @@ command, an override of a job or container the runtime lacks). The table is docs
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -217,3 +218,17 @@ def test_an_mpirun_hidden_in_a_shell_command_is_warned():
     assert any("runs mpirun (or deepspeed) inside it" in w for w in converted.warnings)
     container = the_workload(converted)["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:4] == ["trainhook-launch", "mpirun", "--", "bash"]
+
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "use" / "convert.md").read_text()
+SECTION = DOC[DOC.index("## TrainJob (Kubeflow Trainer v2)"):DOC.index("## Gang schedulers")]
+
+
+@pytest.mark.parametrize("name", [
+    "spec.trainer.image", "spec.trainer.env", "spec.trainer.resourcesPerNode", "spec.trainer.numNodes",
+    "spec.trainer.numProcPerNode", "sshAuthMountPath", "mpiImplementation", "elasticPolicy", "podGroupPolicy",
+    "failurePolicy.maxRestarts", "spec.initializer", "spec.podSpecOverrides", "spec.podTemplateOverrides",
+    "spec.runtimePatches", "spec.activeDeadlineSeconds", "spec.suspend", "spec.managedBy", "spec.labels",
+    "--runtime FILE", "torch-distributed", "deepspeed-distributed", "mpi-distributed", "runLauncherAsNode"])
+def test_the_docs_trainjob_table_names_each_field_convert_reads(name):
+    assert name in SECTION
