@@ -122,7 +122,7 @@ class TrainingClient(ConditionCalls):
         self.job_kind = job_kind
         self.client_configuration = client_configuration
         self._namespace = namespace
-        self._cluster = None
+        self._cluster: Any = None  # a trainhook.cluster.client.Cluster once connected
         self._lock = threading.Lock()
 
     job_manifests = staticmethod(job_manifests)

@@ -147,7 +147,7 @@ def devices(pod: dict) -> tuple[str, str]:
     """(device, count) of a pod's training container, as Trainer reports a step's: GPUs, else TPUs, else CPUs
     from its limits, the count overridden by torchrun's processes per node when that is a number."""
     wanted = training_container_name(pod)
-    container = next((c for c in pod.get("spec", {}).get("containers") or [] if c.get("name") == wanted), {})
+    container: dict = next((c for c in pod.get("spec", {}).get("containers") or [] if c.get("name") == wanted), {})
     limits = (container.get("resources") or {}).get("limits") or {}
     device, count = UNKNOWN, UNKNOWN
     for resource, word in ((keys.GPU_RESOURCE, "gpu"), ("google.com/tpu", "tpu"), ("cpu", "cpu")):

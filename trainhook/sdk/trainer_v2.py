@@ -142,7 +142,8 @@ class TrainerClient:
         cluster = self.training._in(None)
         jobs = [trainjob_of(gang_state(name, cluster.namespace, g.workloads, g.pods), g.workloads, g.pods)
                 for name, g in cluster.gangs().items()]
-        return [job for job in jobs if runtime is None or job.runtime.name == runtime.name]
+        wanted = getattr(runtime, "name", runtime)
+        return [job for job in jobs if wanted is None or job.runtime.name == wanted]
 
     def wait_for_job_status(self, name: str, status: set[str] | None = None, timeout: int = 600,
                             polling_interval: int = 2) -> TrainJob:
