@@ -223,7 +223,7 @@ def mpi_roles(policy: dict, trainer: dict, jobs: dict, nodes: int, source: str, 
             fields.warnings.append(
                 f"{fields.where}: {source} {NODE}: the nodes ran `{own or 'their image'}`; with runLauncherAsNode "
                 f"every pod here runs the launcher's pod template and command under trainhook-launch mpirun: pod 0 "
-                f"launches, the others serve as workers ({WORKERS_REACHED})")
+                f"launches, the others serve as workers; {WORKERS_REACHED}")
         return [("worker", 1 + max(nodes - 1, 1) if node is not None else nodes, launcher, (step, NODE))]
     apply_trainer(node, {k: v for k, v in trainer.items() if k not in ("command", "args")}, False,
                   f"{source} {NODE}", fields)
