@@ -28,6 +28,22 @@ SUBCOMMANDS = {
 COMMAND_TAKING = ("render", "submit")
 
 
+def version(distribution: str = "trainhook") -> str:
+    """The installed package's version; from a source tree that is not installed, pyproject.toml's."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        import tomllib
+
+        try:
+            with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+                return str(tomllib.load(f)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown (neither installed nor in its source tree)"
+
+
 def certs_generate(args: argparse.Namespace) -> int:
     from trainhook.certs.build import write_bundle
 
@@ -61,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainhook", description=(
         "Distributed training on plain Kubernetes workloads: label a StatefulSet or an Indexed Job and "
         "trainhook's webhook wires the gang."))
+    parser.add_argument("--version", action="version", version=f"trainhook {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     certs = commands.add_parser("certs", help="certificates for the webhook's TLS")

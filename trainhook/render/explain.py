@@ -4,7 +4,8 @@ The webhook's own code (`mutate`, called directly, no server) admits the Service
 StatefulSet/Job controllers are emulated (trainhook.local.controllers) to make the pods they would create, and
 each pod is admitted in turn, as on a cluster. For every pod: its name and the environment injected into its
 training container (`NAME=VALUE` lines), or with `-o yaml` the mutated pods. A refusal is printed as kubectl
-prints the webhook's message, and the exit status is 1.
+prints the webhook's message, and the exit status is 1. A Deployment, ReplicaSet, DaemonSet or
+ReplicationController labeled for training is refused by name (trainhook.render.kinds), not left out.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import argparse
 import random
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 
 from trainhook.gang import keys
 from trainhook.local.controllers import ControllerError, pod_requests, store
-from trainhook.local.manifest import ManifestError, describe, load_manifest, parse_manifest
-from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import is_opted_in, mutate
+from trainhook.local.manifest import ManifestError, describe, parse_manifest
+from trainhook.render.kinds import check_kinds
+from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.mutate import is_opted_in, mutate
 from trainhook.webhook.settings import Settings, settings_from_env
 
 # The webhook configurations' names (charts/trainhook/templates/mutatingwebhookconfiguration.yaml), which
@@ -101,7 +104,18 @@ def injected_env(before: dict, after: dict) -> tuple[str, list[tuple[str, str]]]
 def explain_text(text: str, source: str = "<manifest>", namespace: str | None = None,
                  settings: Settings | None = None) -> Explained:
     """Explain a manifest's text (raises ManifestError, ControllerError or Refused)."""
+    check_kinds(text, source)
     return explain_manifest(parse_manifest(text, source, namespace), settings)
+
+
+def read_manifest(source: str) -> tuple[str, str]:
+    """(the text, the name to report it by) of a manifest file, or of standard input for `-`."""
+    if source == "-":
+        return sys.stdin.read(), "<stdin>"
+    try:
+        return Path(source).read_text(encoding="utf-8"), source
+    except OSError as e:
+        raise ManifestError(f"cannot read {source}: {e.strerror or e}") from e
 
 
 def explain_manifest(manifest, settings: Settings | None = None) -> Explained:
@@ -166,7 +180,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        explained = explain_manifest(load_manifest(args.manifest, args.namespace), settings_from_args(args))
+        text, source = read_manifest(args.manifest)
+        explained = explain_text(text, source, args.namespace, settings_from_args(args))
     except Refused as e:
         print(str(e), file=sys.stderr)
         return 1

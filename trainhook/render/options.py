@@ -16,6 +16,10 @@ from trainhook.render.objects import ACTIVE_DEADLINE_SECONDS, ON_FAILURE, ON_FAI
 # Kubernetes' resource.Quantity grammar.
 QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+# A gang's name names its Service, which Kubernetes wants a DNS label starting with a letter (RFC 1035, the
+# stricter form of RFC 1123's), and the pods' host names `<name>[-<role>]-<index>`, DNS labels of at most 63.
+GANG_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63
 
 
 @dataclass
@@ -167,11 +171,47 @@ def option_annotations(options: RenderOptions, members: int) -> dict[str, str]:
     return annotations
 
 
+def check_name(name: str, roles: list[tuple[str, int]]) -> None:
+    """The gang's name as Kubernetes will take it, each rule said apart: the case and characters first (an upper-case
+    name is not too long, and a message blaming the length sent users shortening it), then the length."""
+    if not GANG_NAME.match(name or ""):
+        suggestion = re.sub(r"^[^a-z]+|[^a-z0-9]+$", "", re.sub(r"[^a-z0-9-]+", "-", (name or "").lower()))
+        example = f" (e.g. {suggestion})" if suggestion and GANG_NAME.match(suggestion) else " (e.g. mnist-ddp)"
+        raise RenderError(f"NAME {name!r}: a gang's name must be lower case: letters a-z, digits and '-', starting "
+                          f"with a letter and ending with a letter or digit{example}; it names the Service and the "
+                          "pods' host names, which must be DNS labels (RFC 1123)")
+    role_suffix = len(roles) > 1
+    hosts = [f"{name}-{role}-{count - 1}" if role_suffix else f"{name}-{count - 1}" for role, count in roles]
+    longest = max(hosts, key=len, default=name)
+    if len(longest) > DNS_LABEL_MAX:
+        room = len(name) - (len(longest) - DNS_LABEL_MAX)
+        raise RenderError(f"NAME {name!r} is too long: its pod host name {longest} has {len(longest)} characters, and "
+                          f"a DNS label at most {DNS_LABEL_MAX}; give a name of at most {room} characters")
+
+
+def check_command(options: RenderOptions) -> None:
+    if not options.command:
+        raise RenderError("no training command: give it after `--` (trainhook render NAME ... -- python /train.py) or "
+                          "as --command 'python /train.py'; without one the container runs its image's ENTRYPOINT, "
+                          "which the webhook cannot read to run under its launcher, and refuses")
+
+
+def check_restarts(options: RenderOptions) -> None:
+    """`--max-restarts` counts the restarts of `--on-failure restart-gang` (or torchrun's own, `--elastic`); alone it
+    would be written into the manifests and never used."""
+    if options.max_restarts is not None and options.on_failure != keys.RESTART_GANG and not options.elastic:
+        given = f" (given: --on-failure {options.on_failure})" if options.on_failure else ""
+        raise RenderError(f"--max-restarts {options.max_restarts} counts the gang's restarts, which only "
+                          f"--on-failure {keys.RESTART_GANG} makes{given} (or torchrun's, with --elastic): add "
+                          f"--on-failure {keys.RESTART_GANG}, or drop --max-restarts")
+
+
 def gang_of(options: RenderOptions) -> Gang:
     if not options.image:
         raise RenderError("--image is required: the training container's image")
     if not options.roles:
         raise RenderError("give the gang's size: --workers N, or --role ROLE=N for each role")
+    check_name(options.name, options.roles)
     members = sum(count for _, count in options.roles)
     templates = [(role, count, pod_template(options, role)) for role, count in options.roles]
     return Gang(name=options.name, framework=options.framework, roles=templates, kind=options.kind,
@@ -181,5 +221,9 @@ def gang_of(options: RenderOptions) -> Gang:
 
 
 def render(options: RenderOptions) -> list[dict]:
-    """The manifests for `options`: Service, workloads, PodGroup (raises RenderError)."""
-    return gang_objects(gang_of(options))
+    """The manifests for `options`: Service, workloads, PodGroup (raises RenderError; each flag's own problem
+    first, then what the flags together lack)."""
+    objects = gang_objects(gang_of(options))
+    check_restarts(options)
+    check_command(options)
+    return objects
