@@ -66,10 +66,11 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def _ssl_reason(error: ssl.SSLError) -> str:
+def _ssl_reason(error: BaseException) -> str:
     """`certificate verify failed: self-signed certificate in certificate chain`, without the file and line."""
-    return one_line(getattr(error, "verify_message", None) and f"certificate verify failed: {error.verify_message}"
-                    or error.reason or error.strerror or error)
+    verify = getattr(error, "verify_message", None)
+    return one_line(f"certificate verify failed: {verify}" if verify else
+                    getattr(error, "reason", None) or getattr(error, "strerror", None) or error)
 
 
 def failure(error: BaseException) -> tuple[str, str]:
@@ -83,7 +84,7 @@ def failure(error: BaseException) -> tuple[str, str]:
 
     unresolved = first(socket.gaierror)
     if unresolved is not None:
-        return (f"its host name does not resolve ({one_line(unresolved.strerror or unresolved)})",
+        return (f"its host name does not resolve ({one_line(getattr(unresolved, 'strerror', None) or unresolved)})",
                 f"check the server address in the kubeconfig (kubectl config view --minify); {CHOOSE}")
     if first(ConnectionRefusedError) is not None:
         return ("connection refused: nothing listens at that address",
@@ -91,8 +92,7 @@ def failure(error: BaseException) -> tuple[str, str]:
                 f"(kubectl config view --minify); {CHOOSE}")
     untrusted = first(ssl.SSLCertVerificationError, ssl.CertificateError)
     if untrusted is not None:
-        reason = _ssl_reason(untrusted) if isinstance(untrusted, ssl.SSLError) else one_line(untrusted)
-        return (f"its TLS certificate is not trusted ({reason})",
+        return (f"its TLS certificate is not trusted ({_ssl_reason(untrusted)})",
                 "the kubeconfig's certificate-authority(-data) must be the CA that signed the API server's "
                 f"certificate: get a fresh kubeconfig for this cluster (its CA may have been rebuilt); {CHOOSE}")
     not_tls = first(ssl.SSLError)
