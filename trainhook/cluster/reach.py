@@ -135,6 +135,7 @@ def unauthorized_message(server: str, origin: str = "") -> str:
 
 
 def forbidden_message(message: str, server: str, origin: str = "") -> str:
-    return (f"Error from server (Forbidden): {one_line(message)} (API server {where(server, origin)}). Fix: ask the "
+    place = f"{server}, {origin}" if origin else server
+    return (f"Error from server (Forbidden): {one_line(message)} (API server {place}). Fix: ask the "
             "cluster's admin for that permission (check with kubectl auth can-i), or use a --context whose user has "
             "it")
