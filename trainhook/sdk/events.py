@@ -45,7 +45,7 @@ def read_events(cluster, name: str) -> list[Event]:
 
     objects = cluster.gang(name)
     try:
-        answer = cluster._json(cluster.core.list_namespaced_event(cluster.namespace, _preload_content=False))
+        answer = cluster._call(cluster.core.list_namespaced_event, cluster.namespace)  # its timeouts and errors
     except ApiException as e:
         raise api_error(e, "events") from e
     return gang_events(name, objects.workloads, objects.pods, answer.get("items") or [])
