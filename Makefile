@@ -22,9 +22,7 @@ demo: install-demo  ## create the virtualenv, install trainhook and torch only, 
 test: lint  ## every test, as CI runs it, after the checks (make lint)
 	$(BIN)/python -m pytest -q
 
-# webhook/, launcher/, certs/ install as trainhook.webhook etc. (pyproject's package-dir), a path no tool finds from
-# the checkout; hack/lint.py lays out build/lint/trainhook/ (links to the files, made anew each run) and points
-# lint-imports and mypy at it; editors find it through [tool.pyright] extraPaths (docs/develop/checks.md).
+# Each tool reads the checkout as it is: trainhook/webhook/ is trainhook.webhook (docs/develop/checks.md).
 lint: install  ## ruff, the import contracts (lint-imports) and mypy, as configured in pyproject.toml (hack/lint.py)
 	$(BIN)/python hack/lint.py
 

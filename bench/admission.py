@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 from objects import pod_of_statefulset, review, statefulset  # noqa: E402
 from webhook_process import free_port, start_webhook  # noqa: E402
 
-from trainhook.webhook.mutate import mutate  # noqa: E402
-from trainhook.webhook.review import review as answer  # noqa: E402
+from trainhook.webhook.admission.mutate import mutate  # noqa: E402
+from trainhook.webhook.admission.review import review as answer  # noqa: E402
 from trainhook.webhook.settings import Settings  # noqa: E402
 
 CONNECTIONS = 16

@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 REVIEW_PROBE = """
 import json, sys, time, statistics
 sys.path[:0] = [{support!r}, {tests!r}]  # the tests' helpers: tests/support/, or tests/ before the rooms
-import trainhook.webhook.review
-assert trainhook.webhook.review.__file__.startswith({tree!r}), trainhook.webhook.review.__file__
+import trainhook.webhook.admission.review
+assert trainhook.webhook.admission.review.__file__.startswith({tree!r}), trainhook.webhook.admission.review.__file__
 from objects import pod_of_statefulset, review, statefulset
-from trainhook.webhook.mutate import mutate
-from trainhook.webhook.review import review as answer
+from trainhook.webhook.admission.mutate import mutate
+from trainhook.webhook.admission.review import review as answer
 from trainhook.webhook.settings import Settings
 settings = Settings(gang_key=b"bench" * 8)
 sts = mutate("StatefulSet", "CREATE", statefulset("ddp", 2), "default", settings).obj

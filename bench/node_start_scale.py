@@ -8,7 +8,7 @@ an order that rotates every round so a change of the machine's load falls on all
 - `configmap`: trainhook in `default`, one of the chart's trainingNamespaces: the launcher from the webhook's
   ConfigMap, no init container, the launcher's barrier (every member joins rank 0's coordinator) is the gang wait;
 - `init`: trainhook in a namespace outside them (`bench-init`): the gang-wait init container delivers the launcher
-  and waits (launcher/wait.py), then the barrier;
+  and waits (launcher/wait/command.py), then the barrier;
 - `by-hand`: the same StatefulSet unlabeled, its variables written by hand: no webhook, no launcher, no wait.
 The pods request 10m CPU and 16Mi (64 of them fit the 2-core node; hack/node_config.py's maxPods is 250).
 

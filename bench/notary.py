@@ -8,7 +8,7 @@ containers start (docs/develop/performance.md, "Gang start at scale"). This benc
 - the real webhook process (`trainhook-webhook --notary-authority cluster`), optionally under a CPU quota (a
   cgroup with cpu.cfs_quota_us, as the chart's `resources.limits.cpu` becomes on a node) and in several replicas
   (the chart runs two; members are spread over them as the Service would);
-- N threads, each the launcher's own client (launcher/identity.py `NotaryClient.gang_key`: a new TLS connection per
+- N threads, each the launcher's own client (launcher/notary_client.py `NotaryClient.gang_key`: a new TLS connection per
   call, 503 retried after a jittered 0.2-2 s), released together.
 
 Each round is a fresh gang (new StatefulSet, new pods, new tokens), so no cache carries over from an earlier
@@ -47,13 +47,13 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 from cluster_api import cluster  # noqa: E402  hack/cluster.py, loaded as the tests load it
 from webhook_process import free_port, start_webhook  # noqa: E402
 
-from trainhook.launcher.identity import NotaryClient  # noqa: E402
+from trainhook.launcher.notary_client import NotaryClient  # noqa: E402
 
 GANG_KEY = b"bench-notary-gang-key-0123456789abcdef"
 SA = "trainer"
 TICK = os.sysconf("SC_CLK_TCK")
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
-# What the notary asks the API server (webhook/notary_cluster.py); the controllers use watches, not these verbs.
+# What the notary asks the API server (webhook/notary/cluster.py); the controllers use watches, not these verbs.
 NOTARY_CALLS = {("POST", "tokenreviews"), ("GET", "pods"), ("LIST", "pods"), ("GET", "statefulsets"),
                 ("GET", "jobs")}
 METRIC = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$')

@@ -13,16 +13,13 @@ COPY images/constraints.txt images/constraints.txt
 RUN python -m venv /opt/trainhook && /opt/trainhook/bin/pip install --no-deps -r images/constraints.txt
 COPY pyproject.toml README.md ./
 COPY trainhook trainhook
-COPY webhook webhook
-COPY launcher launcher
-COPY certs certs
 RUN /opt/trainhook/bin/pip install --no-deps . && /opt/trainhook/bin/pip check
 
 # The delivered entry point, /trainhook/bin/trainhook-launch (launcher/entry/, docs/use/delivery.md): a static program,
 # so that images without a shell run it too. musl keeps it about 20 KB (glibc's static libc is 700 KB).
 FROM ${PYTHON_IMAGE} AS entry
 RUN apt-get update && apt-get install -y --no-install-recommends gcc musl-tools && rm -rf /var/lib/apt/lists/*
-COPY launcher/entry/trainhook-launch.c /src/trainhook-launch.c
+COPY trainhook/launcher/entry/trainhook-launch.c /src/trainhook-launch.c
 RUN musl-gcc -static -Os -s -o /trainhook-launch /src/trainhook-launch.c
 
 FROM ${PYTHON_IMAGE}

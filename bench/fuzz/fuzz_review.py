@@ -28,7 +28,7 @@ with atheris.instrument_imports():
     import jsonpatch
 
     from trainhook.gang import keys
-    from trainhook.webhook.review import BadReview, review
+    from trainhook.webhook.admission.review import BadReview, review
     from trainhook.webhook.settings import Settings
 
 SETTINGS = Settings(gang_key=b"fuzz" * 8)
@@ -143,7 +143,7 @@ def seed_corpus(directory: Path) -> None:
     from objects import bare_pod, indexed_job, pod_of_job, pod_of_statefulset, service, statefulset
     from objects import review as make_review
 
-    from trainhook.webhook.mutate import mutate
+    from trainhook.webhook.admission.mutate import mutate
 
     def admitted(obj: dict) -> dict:
         return mutate(obj["kind"], "CREATE", obj, "team-a", SETTINGS).obj

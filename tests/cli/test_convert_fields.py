@@ -321,7 +321,7 @@ def test_one_master_is_what_explain_admits_so_the_converted_job_is_never_a_trap(
 
 @pytest.mark.parametrize("api_version, field", [("kubeflow.org/v1", None), ("kubeflow.org/v2beta1", "sshAuthMountPath")])
 def test_mpi_warnings_describe_the_gang_transport_not_kubexec(api_version, field):
-    """The MPI transport is the launcher's `gang` rsh agent (launcher/kubexec.py, docs/use/frameworks/mpi.md); the
+    """The MPI transport is the launcher's `gang` rsh agent (launcher/mpi/kubexec.py, docs/use/frameworks/mpi.md); the
     warnings must not send a user looking for exec permissions that convert's output never needs."""
     body = job("MPIJob", api_version, **({field: "/root/.ssh"} if field else {}))
     for spec in body["spec"]["mpiReplicaSpecs"].values():

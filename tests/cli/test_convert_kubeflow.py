@@ -107,7 +107,7 @@ def paddle_reference(job: dict, role: str, index: int, rank: int, gpus: int) -> 
     """PaddleJob (envvar.go), collective mode: worker 0 hosts the rendezvous."""
     name = job["metadata"]["name"]
     port = port_of(job, "master", 36543)
-    # Kubeflow gives the host itself $(POD_IP_DUMMY):port (its IP); trainhook 127.0.0.1:port (webhook/frameworks/
+    # Kubeflow gives the host itself $(POD_IP_DUMMY):port (its IP); trainhook 127.0.0.1:port (webhook/admission/frameworks/
     # paddle.py explains why Paddle's launcher needs one or the other, never its DNS name)
     master = "127.0.0.1" if index == 0 else f"{name}-worker-0"
     return {"PYTHONUNBUFFERED": "1", "PADDLE_JOB_ID": name, "PADDLE_NNODES": str(sum(c for _, c in replicas(job))),

@@ -18,7 +18,7 @@ from trainhook.gang import keys
 from trainhook.cli import main
 from trainhook.convert import ConvertError, convert_job, convert_text
 from trainhook.render.explain import explain_text
-from trainhook.launcher.failure_rules import FailureRules
+from trainhook.gang.failure_rules import FailureRules
 from trainhook.render import ON_FAILURE, RenderOptions, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -271,7 +271,7 @@ def test_kubeflows_retries_are_compared_with_the_gangs_in_warnings():
 ])
 def test_the_restart_policy_becomes_the_failure_rules_the_launcher_decides_with(restart, rules, exit_3, sigkill):
     """Through the real admission (explain: the webhook's mutation of every pod) to the variable the coordinator
-    reads its rules from, decided as the launcher decides (launcher/failure_rules.py)."""
+    reads its rules from, decided as the launcher decides (trainhook/gang/failure_rules.py)."""
     converted = convert_job(retrying(restart=restart, runPolicy={"backoffLimit": 4}), workload_kind="job")
     assert (lifecycle(converted), failure_rules(converted)) == (("restart-gang", "4"), rules)
     assert converted.warnings == []  # what Kubeflow retries, the gang retries: nothing to say

@@ -15,7 +15,7 @@ import pytest
 from test_cli_cluster import cli, wait_for
 from trainhook import TrainingClient
 from trainhook.cli import main
-from trainhook.webhook.notary_records import parse_outcome, record_patch
+from trainhook.webhook.notary.records import parse_outcome, record_patch
 
 pytestmark = pytest.mark.cluster
 LINES_1 = "epoch 1 loss 0.9\nTraceback (most recent call last):\nValueError: bad batch 7"

@@ -15,8 +15,8 @@ from kubernetes import client
 import test_certs_selfmanaged as selfmanaged
 from chart_render import find, render_chart
 from helpers import wait_for
-from trainhook.webhook import gang_key
-from trainhook.webhook.gang_key import GangKey, GangKeyError
+from trainhook.webhook.notary import gang_key
+from trainhook.webhook.notary.gang_key import GangKey, GangKeyError
 from webhook_process import free_port
 
 pytestmark = pytest.mark.cluster

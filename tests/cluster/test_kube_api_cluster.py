@@ -1,4 +1,4 @@
-"""The launcher's standard-library API client (launcher/kube_api.py, and tests/support/outcome_api.py on it) against
+"""The launcher's standard-library API client (launcher/mpi/kube_api.py, and tests/support/outcome_api.py on it) against
 the real Kubernetes v1.20 API server (tests/support/cluster_api.py), called as a pod calls it: the ServiceAccount's token and
 CA in a directory, the server at KUBERNETES_SERVICE_HOST/PORT. With a Role granting what a recorder needs bound
 (the chart grants training pods nothing since issue 22: the notary records for them, tests/cluster/test_notary_cluster.py;
@@ -17,7 +17,7 @@ from kubernetes import client
 
 from cluster_api import wait_for_service_account_token
 import outcome_api
-from trainhook.launcher import kube_api
+from trainhook.launcher.mpi import kube_api
 from trainhook.launcher.outcome import FAILED, Outcome
 
 pytestmark = pytest.mark.cluster

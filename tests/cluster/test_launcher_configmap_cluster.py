@@ -18,6 +18,7 @@ from cluster_api import wait_for_service_account_token
 from helpers import wait_for
 from trainhook.launcher import deliver
 from trainhook.webhook import launcher_configmap as lcm
+from trainhook.webhook.admission.delivery import launcher_configmap_volume
 
 pytestmark = pytest.mark.cluster
 
@@ -138,7 +139,7 @@ def test_old_versions_go_once_no_pod_mounts_them_and_helm_uninstall_leaves_none(
         # A gang pod admitted by the previous version, still waiting to start, mounts the old one.
         admin.create_namespaced_pod(k8s_namespace, {
             "metadata": {"name": "waiting", "labels": {"trainhook.dev/framework": "pytorch"}},
-            "spec": {"containers": [{"name": "c", "image": "x"}], "volumes": [lcm.volume(old.name)]}})
+            "spec": {"containers": [{"name": "c", "image": "x"}], "volumes": [launcher_configmap_volume(old.name)]}})
 
         def names() -> set[str]:
             return {c.metadata.name for c in admin.list_namespaced_config_map(k8s_namespace).items}

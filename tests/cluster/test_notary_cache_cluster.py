@@ -1,7 +1,7 @@
 """The notary's caches against a real kube-apiserver (v1.20, started by the tests): the rules of
-webhook/notary_cache.py and Notary.verify, each tried where a stale copy would give the wrong answer.
+webhook/notary/cache.py and Notary.verify, each tried where a stale copy would give the wrong answer.
 
-The notary runs in this process (webhook/notary.py's Notary over the real ClusterAuthority, the admin's
+The notary runs in this process (webhook/notary/service.py's Notary over the real ClusterAuthority, the admin's
 credentials), so each test can set the caches' lifetimes far beyond the defaults (a recreated job within them),
 look at what is kept, and count the API calls the authority makes (a subclass that counts, then calls the real
 API server). The HTTP layer around it is the one test_notary_cluster.py drives through the webhook process.
@@ -18,10 +18,10 @@ from kubernetes import client
 from helpers import wait_for
 from test_notary_cluster import GANG_KEY, create_gang, expected_key, imposter_pod, pod_token
 
-from trainhook.webhook.notary import Notary
-from trainhook.webhook.notary_cache import ReviewCache, SharedReads
-from trainhook.webhook.notary_cluster import ClusterAuthority
-from trainhook.webhook.notary_membership import Refusal
+from trainhook.webhook.notary.service import Notary
+from trainhook.webhook.notary.cache import ReviewCache, SharedReads
+from trainhook.webhook.notary.cluster import ClusterAuthority
+from trainhook.webhook.notary.membership import Refusal
 
 LONG = 600.0  # seconds: every step of a test happens within the caches' lifetime
 

@@ -68,10 +68,10 @@ def test_with_the_webhook_down_a_gang_pods_finalizer_is_removed_and_the_pod_goes
 
 
 def test_the_chart_registers_exactly_the_operations_the_webhook_mutates():
-    """The registration and webhook/mutate.py cannot drift apart: a kind registered for an operation it is not
+    """The registration and webhook/admission/mutate.py cannot drift apart: a kind registered for an operation it is not
     mutated at would wait on the webhook (and fail with it) for nothing."""
     from chart_render import find, render_chart
-    from trainhook.webhook.mutate import MUTATED_OPERATIONS
+    from trainhook.webhook.admission.mutate import MUTATED_OPERATIONS
     kinds = {"pods": "Pod", "statefulsets": "StatefulSet", "jobs": "Job", "services": "Service"}
     registered: dict[str, set[str]] = {}
     for hook in find(render_chart({}), "MutatingWebhookConfiguration")["webhooks"]:

@@ -40,7 +40,7 @@ def test_the_self_managed_certificates_are_created_and_the_ca_bundle_injected(no
     assert f"{RELEASE}.{RELEASE_NAMESPACE}.svc" in names
     config = get(node, "mutatingwebhookconfiguration", RELEASE)
     bundles = {w["clientConfig"]["caBundle"] for w in config["webhooks"]}
-    # Pods, the workloads and Services, and the scale subresource (webhook/scale.py): one CA for all three.
+    # Pods, the workloads and Services, and the scale subresource (webhook/admission/scale.py): one CA for all three.
     assert len(config["webhooks"]) == 3 and len(bundles) == 1
     # The trust bundle (newest CA first, more than one only during a rotation) holds the serving certificate's CA.
     (issuer,) = [ca for ca in x509.load_pem_x509_certificates(base64.b64decode(bundles.pop()))

@@ -27,7 +27,7 @@ import pytest
 
 from e2e_gangs import delete_gang, phase_of, pods_of, statefulset_gang
 from e2e_helpers import RELEASE, RELEASE_NAMESPACE, REPO, helm, image_values, wait_for
-from trainhook.webhook.gang_key import fingerprint
+from trainhook.webhook.notary.gang_key import fingerprint
 
 CHART = str(REPO / "charts" / "trainhook")
 GANG_KEY_SECRET, TLS_SECRET = f"{RELEASE}-gang-key", f"{RELEASE}-tls"

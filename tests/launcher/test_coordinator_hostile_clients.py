@@ -11,11 +11,11 @@ import threading
 import time
 
 from test_gang_protocol import TOKEN, env, free_port, gang, next_directive
-from trainhook.launcher import pending
-from trainhook.launcher.coordinator import Coordinator
-from trainhook.launcher.gang_report import Report
-from trainhook.launcher.gang import parse_gang
-from trainhook.launcher.gang_link import Link
+from trainhook.launcher.coordination import pending
+from trainhook.launcher.coordination.coordinator import Coordinator
+from trainhook.launcher.coordination.report import Report
+from trainhook.launcher.pod_view import parse_gang
+from trainhook.launcher.coordination.link import Link
 from trainhook.launcher.policy import GangPolicy, read_settings
 
 TRICKLERS = 400

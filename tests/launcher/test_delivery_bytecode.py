@@ -53,7 +53,7 @@ def test_the_bytecode_is_what_runs_under_the_builders_python(tmp_path):
     contents = entries(ZIP)
     compiled = [name[:-1] for name in contents if name.endswith(".pyc")]
     assert {"__main__.py", "trainhook/launcher/cli.py", "trainhook/launcher/run.py",
-            "trainhook/launcher/gang_run.py", "trainhook/launcher/identity.py"} <= set(compiled)
+            "trainhook/launcher/coordination/member_run.py", "trainhook/launcher/notary_client.py"} <= set(compiled)
     for name in compiled:
         contents[name] = b"raise SystemExit('the source of " + name.encode() + b" was compiled')\n"
     launcher = rezip(contents, tmp_path / "launcher.pyz")
@@ -85,8 +85,8 @@ def test_python_38_and_this_one_run_the_zip_as_built(tmp_path, python):
 def test_the_same_modules_give_the_same_bytes_in_any_process():
     """In a fresh process, and here, where the launcher's modules (and the webhook's) are imported already: the
     ConfigMap's name is the content's hash, so the webhook's replicas must agree on it."""
-    import trainhook.launcher.gang_run  # noqa: F401  (the modules' own code objects alive in this process)
-    import trainhook.launcher.mpi_launch  # noqa: F401
+    import trainhook.launcher.coordination.member_run  # noqa: F401  (the modules' own code objects alive in this process)
+    import trainhook.launcher.mpi.launch  # noqa: F401
     here = deliver.build_zip()
     fresh = subprocess.run([sys.executable, "-c", "import sys; from trainhook.launcher import deliver; "
                             "sys.stdout.buffer.write(deliver.build_zip())"], capture_output=True, timeout=120)
@@ -138,10 +138,10 @@ def test_a_members_start_imports_only_modules_with_bytecode_and_not_the_coordina
         env = {**notary.env(pods[0]), "PATH": "/usr/bin:/bin", "TRAINHOOK_COORDINATOR_PORT": str(free_port())}
         rank0 = imports_until(launcher, env, "joined the gang's coordinator")
     ours = {m for m in member | rank0 if m.startswith("trainhook")}
-    assert "trainhook.launcher.gang_run" in ours and ours <= compiled, ours - compiled
-    only_rank0 = {"trainhook.launcher.coordinator", "trainhook.launcher.elastic", "trainhook.launcher.pending"}
+    assert "trainhook.launcher.coordination.member_run" in ours and ours <= compiled, ours - compiled
+    only_rank0 = {"trainhook.launcher.coordination.coordinator", "trainhook.launcher.coordination.elastic", "trainhook.launcher.coordination.pending"}
     assert only_rank0 <= rank0 and not only_rank0 & member
-    assert not {"trainhook.launcher.wait", "argparse"} & (member | rank0)  # the init container's; no parsing
+    assert not {"trainhook.launcher.wait.command", "argparse"} & (member | rank0)  # the init container's; no parsing
 
 
 def test_the_zip_does_not_depend_on_what_the_building_process_interned():

@@ -14,14 +14,14 @@ import time
 import pytest
 
 from trainhook.gang import keys
-from trainhook.launcher.coordinator import Coordinator
-from trainhook.launcher.gang_state import CoordinatorState
-from trainhook.launcher.gang_report import EXITED, RUNNING, STOPPED, Report
-from trainhook.launcher.gang import ConfigError, GangView, Peer, parse_gang
-from trainhook.launcher.gang_link import Link
+from trainhook.launcher.coordination.coordinator import Coordinator
+from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
+from trainhook.launcher.coordination.report import EXITED, RUNNING, STOPPED, Report
+from trainhook.launcher.pod_view import ConfigError, GangView, Peer, parse_gang
+from trainhook.launcher.coordination.link import Link
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED
 from trainhook.launcher.policy import RESTART_GANG, TORCH_DISABLE_SHARED_STORE, GangPolicy, attempt_env, read_settings
-from trainhook.launcher.wait import elastic_wait_view
+from trainhook.launcher.wait.command import elastic_wait_view
 
 GANG_KEY = b"e" * 64
 

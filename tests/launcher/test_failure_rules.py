@@ -18,11 +18,11 @@ from gang_notary import GangNotary, indexed_job
 from objects import review, statefulset
 from webhook_process import free_port
 
-from trainhook.launcher import failure_cause
-from trainhook.launcher.gang_state import CoordinatorState
-from trainhook.launcher.gang_report import EXITED, STOPPED, Report
-from trainhook.launcher.failure_rules import DEFAULT_TEXT, FailureRules, RulesError, parse
-from trainhook.launcher.gang import ConfigError, GangView, Peer
+from trainhook.launcher.coordination import failure_cause
+from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
+from trainhook.launcher.coordination.report import EXITED, STOPPED, Report
+from trainhook.gang.failure_rules import DEFAULT_TEXT, FailureRules, RulesError, parse
+from trainhook.launcher.pod_view import ConfigError, GangView, Peer
 from trainhook.launcher.policy import RESTART_GANG, GangPolicy, read_settings
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]

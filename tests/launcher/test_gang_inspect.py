@@ -16,13 +16,13 @@ from gang_notary import GangNotary, indexed_job
 
 from trainhook.gang import keys
 from trainhook.cluster.status import format_list, format_status, gang_state, kept_lines
-from trainhook.launcher.gang_state import CoordinatorState
-from trainhook.launcher.gang_report import EXITED, STOPPED, Report
-from trainhook.launcher.gang import GangView, Peer
-from trainhook.launcher.gang_report import MAX_TAIL
-from trainhook.launcher.failure_cause import command_missing
+from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
+from trainhook.launcher.coordination.report import EXITED, STOPPED, Report
+from trainhook.launcher.pod_view import GangView, Peer
+from trainhook.launcher.coordination.report import MAX_TAIL
+from trainhook.launcher.coordination.failure_cause import command_missing
 from trainhook.launcher.policy import GangPolicy
-from trainhook.webhook.notary_records import (MAX_LINES, MAX_LINES_BYTES, BadBody, parse_outcome, rank_pods,
+from trainhook.webhook.notary.records import (MAX_LINES, MAX_LINES_BYTES, BadBody, parse_outcome, rank_pods,
                                               record_patch)
 
 OUTCOME = {"phase": "Failed", "code": 3, "reason": "rank 1 (worker-1 at g-1.g) exited with 3", "rank": 1,

@@ -15,12 +15,12 @@ from trainhook.gang import keys
 from trainhook.gang import shape as model
 from trainhook.gang.lookup import ANNOTATIONS, LABELS, lookup, setting
 from trainhook.gang.shape import Shape, ShapeError, elastic_shape, parse_range, parse_shape, size_of, split_pairs
-from trainhook.launcher import framework_rules
-from trainhook.launcher.gang import ConfigError, parse_gang
-from trainhook.webhook import frameworks
-from trainhook.webhook.gang import Denied, Problems
-from trainhook.webhook.gang import parse_shape as webhook_shape
-from trainhook.webhook.mutate import mutate
+from trainhook.gang import framework_rules
+from trainhook.launcher.pod_view import ConfigError, parse_gang
+from trainhook.webhook.admission import frameworks
+from trainhook.webhook.admission.member import Denied, Problems
+from trainhook.webhook.admission.member import parse_shape as webhook_shape
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from objects import indexed_job, pod_of_statefulset, statefulset
 
@@ -194,22 +194,24 @@ def test_the_launchers_framework_table_says_what_the_framework_modules_declare()
 
 
 def product_files() -> list[Path]:
-    return sorted(p for folder in ("trainhook", "webhook", "launcher", "certs") for p in (ROOT / folder).rglob("*.py"))
+    """Every module of the product: the folders webhook/, launcher/ and certs/ at the top are trainhook/'s own."""
+    return sorted(p for p in (ROOT / "trainhook").rglob("*.py") if "__pycache__" not in p.parts)
 
 
-FRAMEWORK_MODULES = ("webhook/frameworks/", "launcher/framework_rules.py", "launcher/mpi_",
-                     "launcher/tf_config.py", "launcher/torchrun.py")
+FRAMEWORK_MODULES = ("trainhook/webhook/admission/frameworks/", "trainhook/gang/framework_rules.py",
+                     "trainhook/launcher/mpi/", "trainhook/launcher/tf_config.py", "trainhook/launcher/torchrun.py")
 
 
 def test_no_framework_is_compared_by_name_outside_the_frameworks_own_modules():
     """`framework == keys.PYTORCH` and friends, in the webhook and the launcher: a framework's rules live in
-    webhook/frameworks/, and on the launcher's side in its table (framework_rules.py) and in the framework's own
-    commands (mpi_*.py, tf_config.py, torchrun.py: each checks that the gang is of its framework)."""
+    webhook/admission/frameworks/, and on the launcher's side in its table (framework_rules.py) and in the framework's own
+    commands (mpi/, tf_config.py, torchrun.py: each checks that the gang is of its framework)."""
     names = {f"keys.{name}" for name in ("PYTORCH", "TENSORFLOW", "MPI", "XGBOOST", "JAX", "PADDLE", "MXNET")}
     found = []
     for path in product_files():
         relative = path.relative_to(ROOT).as_posix()
-        if not relative.startswith(("webhook/", "launcher/")) or relative.startswith(FRAMEWORK_MODULES):
+        if not relative.startswith(("trainhook/webhook/", "trainhook/launcher/", "trainhook/gang/")) \
+                or relative.startswith(FRAMEWORK_MODULES):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare) and any(

@@ -14,12 +14,12 @@ import pytest
 
 from gang_notary import GangNotary, indexed_job
 
-from trainhook.launcher import gang_protocol as wire
-from trainhook.launcher.coordinator import Coordinator
-from trainhook.launcher.gang_state import CoordinatorState
-from trainhook.launcher.gang_report import DONE, EXITED, RUNNING, STOPPED, Report
-from trainhook.launcher.gang import ConfigError, GangView, Peer, parse_gang
-from trainhook.launcher.gang_link import Link
+from trainhook.launcher import wire
+from trainhook.launcher.coordination.coordinator import Coordinator
+from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
+from trainhook.launcher.coordination.report import DONE, EXITED, RUNNING, STOPPED, Report
+from trainhook.launcher.pod_view import ConfigError, GangView, Peer, parse_gang
+from trainhook.launcher.coordination.link import Link
 from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, SUCCEEDED, Outcome
 from trainhook.launcher.policy import FAIL_GANG, RESTART_GANG, GangPolicy, attempt_env, read_settings
 

@@ -1,4 +1,4 @@
-"""The launcher's standard-library Kubernetes client (launcher/kube_api.py): websocket framing against RFC 6455's
+"""The launcher's standard-library Kubernetes client (launcher/mpi/kube_api.py): websocket framing against RFC 6455's
 own numbers, credentials from a pod's ServiceAccount and from a kubeconfig, and `trainhook-launch kubexec` over
 a real TLS websocket served by aiohttp (tests/support/exec_double.py), both channel protocols, IPv4 and IPv6. The API
 calls against the real API server are in test_kube_api_cluster.py and test_mpi_kubexec_cluster.py."""
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from exec_double import EXEC_STDOUT_TAIL, TOKEN, V4, V5, ExecServer
-from trainhook.launcher import kube_api, kube_websocket
+from trainhook.launcher.mpi import kube_api
+from trainhook.launcher.mpi import kube_websocket
 
 
 # --- framing ----------------------------------------------------------------------------------------------------

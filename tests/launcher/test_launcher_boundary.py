@@ -1,8 +1,8 @@
 """The in-pod module set runs anywhere a Python 3.8+ does, with the standard library alone.
 
 The launcher is delivered into the user's own training image and run by that image's Python (deliver.py): the
-set is trainhook/__init__.py, the gang model (trainhook/gang/: keys.py, the shape, the lookup) and every module of launcher/
-(installed as trainhook.launcher).
+set is trainhook/__init__.py, the gang model (trainhook/gang/: keys.py, the shape, the lookup, the wiring, the
+framework and failure rules) and every module of trainhook/launcher/ with its rooms (coordination/, mpi/, wait/).
 What holds it:
 - every import in the set (inside functions too) is of the standard library or of the set itself;
 - the set is Python 3.8 (vermin finds the library features newer than that; ast.parse with feature_version
@@ -42,12 +42,15 @@ PYTHONS = sorted(glob.glob("/root/.pyenv/versions/3.8*/bin/python")) + [sys.exec
 
 
 def in_pod_set() -> dict[str, Path]:
-    """Module name -> source file, for every module of the in-pod set."""
+    """Module name -> source file, for every module of the in-pod set (trainhook/gang/ and trainhook/launcher/ with
+    their subpackages)."""
     modules = {"trainhook": TOP / "__init__.py"}
-    for path in sorted((TOP / "gang").glob("*.py")):
-        modules["trainhook.gang" if path.stem == "__init__" else f"trainhook.gang.{path.stem}"] = path
-    for path in sorted(LAUNCHER.glob("*.py")):
-        modules["trainhook.launcher" if path.stem == "__init__" else f"trainhook.launcher.{path.stem}"] = path
+    for folder in ("gang", "launcher"):
+        for path in sorted((TOP / folder).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = path.relative_to(TOP.parent).with_suffix("").parts
+            modules[".".join(parts[:-1] if path.stem == "__init__" else parts)] = path
     return modules
 
 
@@ -60,18 +63,17 @@ def build_launcher_zip(path: Path) -> Path:
 
 def test_the_delivered_zip_holds_exactly_the_in_pod_set():
     names = set(zipfile.ZipFile(io.BytesIO(deliver.build_zip())).namelist())
-    expected = {("/".join(m.split(".")) + ("/__init__.py" if m in PACKAGES else ".py"))
-                for m in in_pod_set()}
+    expected = {path.relative_to(TOP.parent).as_posix() for path in in_pod_set().values()}
     sources = {name for name in names if not name.endswith(".pyc")}
     assert sources == expected | {"__main__.py"}
     # beside each source its bytecode, but for the modules deliver.SOURCE_ONLY ships as source alone
     assert {name[:-1] for name in names - sources} == {
         name for name in sources
-        if not (name.startswith("trainhook/launcher/") and name[len("trainhook/launcher/"):-3] in deliver.SOURCE_ONLY)}
+        if not deliver.source_only(name)}
 
 
 def relative(path: Path) -> str:
-    return f"trainhook/{path.name}" if path.parent == TOP else f"{path.parent.name}/{path.name}"
+    return path.relative_to(TOP.parent).as_posix()
 
 
 # --- only the standard library -----------------------------------------------------------------------------------
@@ -85,7 +87,7 @@ def type_checking_only(tree: ast.Module) -> set[int]:
     return skipped
 
 
-PACKAGES = ("trainhook", "trainhook.gang", "trainhook.launcher")
+PACKAGES = tuple(module for module, path in in_pod_set().items() if path.name == "__init__.py")
 
 
 def imported_modules(tree: ast.Module, package: str) -> list[str]:
@@ -107,7 +109,7 @@ def imported_modules(tree: ast.Module, package: str) -> list[str]:
 
 def test_every_import_of_the_in_pod_set_is_the_standard_library_or_the_set():
     modules = in_pod_set()
-    assert "trainhook.launcher.cli" in modules and "trainhook.launcher.kube_api" in modules
+    assert "trainhook.launcher.cli" in modules and "trainhook.launcher.mpi.kube_api" in modules
     outside = []
     for module, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
@@ -124,13 +126,13 @@ def test_every_import_of_the_in_pod_set_is_the_standard_library_or_the_set():
 
 
 def test_the_scan_sees_imports_inside_functions_and_from_packages():
-    tree = ast.parse("def f():\n    import yaml\n    from trainhook.launcher import kube_api, nothing\n"
+    tree = ast.parse("def f():\n    import yaml\n    from trainhook.launcher.mpi import kube_api, nothing\n"
                      "from trainhook import keys, sdk\nif TYPE_CHECKING:\n    import kubernetes\n")
     assert imported_modules(tree, "trainhook.launcher") == [
-        "trainhook.keys", "trainhook.sdk", "yaml", "trainhook.launcher.kube_api", "trainhook.launcher.nothing"]
-    relative = ast.parse("from . import run\nfrom .gang import Gang\nfrom .. import keys\n")
+        "trainhook.keys", "trainhook.sdk", "yaml", "trainhook.launcher.mpi.kube_api", "trainhook.launcher.mpi.nothing"]
+    relative = ast.parse("from . import run\nfrom .pod_view import GangView\nfrom .. import keys\n")
     assert imported_modules(relative, "trainhook.launcher") == [
-        "trainhook.launcher.run", "trainhook.launcher.gang", "trainhook.keys"]
+        "trainhook.launcher.run", "trainhook.launcher.pod_view", "trainhook.keys"]
 
 
 # --- Python 3.8 ------------------------------------------------------------------------------------------------
@@ -284,3 +286,80 @@ def test_the_zip_execs_in_a_pod_over_the_websocket(python, launcher_zip, tmp_pat
     assert done.stdout.startswith(b"HI\ndone\n") and done.stderr == b"warning\n"
     assert json.loads(json.dumps(server.requests[0]["query"]))[:3] == [["command", "/bin/sh"], ["command", "-c"],
                                                                        ["command", "exit 7"]]
+
+
+# Every file of the delivered launcher, named (issue 30): a module added to, moved within or removed from the in-pod
+# set changes what runs in every user's pod, so it changes this list on purpose. The launcher ConfigMap carries the
+# same zip (webhook/launcher_configmap.py), checked below by decoding the ConfigMap the webhook would write.
+ZIP_WITH_BYTECODE = [
+    '__main__.py',
+    'trainhook/__init__.py',
+    'trainhook/gang/__init__.py',
+    'trainhook/gang/failure_rules.py',
+    'trainhook/gang/framework_rules.py',
+    'trainhook/gang/keys.py',
+    'trainhook/gang/lookup.py',
+    'trainhook/gang/shape.py',
+    'trainhook/launcher/__init__.py',
+    'trainhook/launcher/cli.py',
+    'trainhook/launcher/coordination/__init__.py',
+    'trainhook/launcher/coordination/coordinator.py',
+    'trainhook/launcher/coordination/coordinator_rules.py',
+    'trainhook/launcher/coordination/elastic.py',
+    'trainhook/launcher/coordination/failure_cause.py',
+    'trainhook/launcher/coordination/link.py',
+    'trainhook/launcher/coordination/member_run.py',
+    'trainhook/launcher/coordination/pending.py',
+    'trainhook/launcher/coordination/report.py',
+    'trainhook/launcher/ending.py',
+    'trainhook/launcher/files.py',
+    'trainhook/launcher/notary_client.py',
+    'trainhook/launcher/outcome.py',
+    'trainhook/launcher/output_tail.py',
+    'trainhook/launcher/pod_view.py',
+    'trainhook/launcher/policy.py',
+    'trainhook/launcher/process.py',
+    'trainhook/launcher/reach.py',
+    'trainhook/launcher/run.py',
+    'trainhook/launcher/speak.py',
+    'trainhook/launcher/torchrun.py',
+    'trainhook/launcher/wire.py',
+]
+ZIP_SOURCE_ONLY = [
+    'trainhook/gang/wiring.py',
+    'trainhook/launcher/deliver.py',
+    'trainhook/launcher/mpi/__init__.py',
+    'trainhook/launcher/mpi/control.py',
+    'trainhook/launcher/mpi/doorman.py',
+    'trainhook/launcher/mpi/gang_transport.py',
+    'trainhook/launcher/mpi/kube_api.py',
+    'trainhook/launcher/mpi/kube_websocket.py',
+    'trainhook/launcher/mpi/kubexec.py',
+    'trainhook/launcher/mpi/launch.py',
+    'trainhook/launcher/mpi/local_transport.py',
+    'trainhook/launcher/mpi/spawn.py',
+    'trainhook/launcher/mpi/worker.py',
+    'trainhook/launcher/tf_config.py',
+    'trainhook/launcher/wait/__init__.py',
+    'trainhook/launcher/wait/command.py',
+    'trainhook/launcher/wait/dns.py',
+    'trainhook/launcher/wait/tcp.py',
+]
+
+
+def test_the_zip_and_the_launcher_configmap_carry_exactly_the_listed_modules():
+    import base64
+
+    from trainhook.webhook import launcher_configmap
+
+    def listed(zip_bytes: bytes) -> tuple[list[str], list[str]]:
+        names = zipfile.ZipFile(io.BytesIO(zip_bytes)).namelist()
+        sources = sorted(name for name in names if not name.endswith(".pyc"))
+        return ([name for name in sources if name + "c" in names], [name for name in sources if name + "c" not in names])
+
+    assert listed(deliver.build_zip()) == (sorted(ZIP_WITH_BYTECODE), sorted(ZIP_SOURCE_ONLY))
+    zip_bytes, entry = launcher_configmap.content()
+    name = launcher_configmap.configmap_name(zip_bytes, entry)
+    body = launcher_configmap.configmap(name, "team-a", zip_bytes, entry)
+    carried = base64.b64decode(body["binaryData"][launcher_configmap.ZIP_KEY])
+    assert listed(carried) == (sorted(ZIP_WITH_BYTECODE), sorted(ZIP_SOURCE_ONLY))

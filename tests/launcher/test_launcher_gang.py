@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from trainhook.gang import keys
-from trainhook.launcher.gang import ConfigError, Peer, parse_gang
+from trainhook.launcher.pod_view import ConfigError, Peer, parse_gang
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
 

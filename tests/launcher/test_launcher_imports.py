@@ -1,10 +1,10 @@
-"""launcher/ has no import cycle, at module level or inside functions, and its names are unique enough to grep
-(issue 24: the launcher untangled).
+"""launcher/ (with its rooms coordination/, mpi/, wait/) has no import cycle, at module level or inside functions,
+and its names are unique enough to grep (issue 24: the launcher untangled).
 
 Why: a cycle is how the process toolkit and the commands got tangled before (run.py was both, and gang_run.py and
 ending.py imported it back), and a function-level import only hides a cycle from the interpreter, not from a
 reader. The graph is built from the source with `ast`: every `import` and `from` anywhere in a module (in a
-function, under `if TYPE_CHECKING:` too), relative imports resolved, restricted to launcher/'s own modules.
+function, under `if TYPE_CHECKING:` too), relative imports resolved, restricted to launcher/'s own modules, each named by its path under launcher/ (`coordination.member_run`).
 
 Names: a function or class defined in two launcher modules (`connect`, `fail`, `Refused` were, each twice) makes a
 grep for it, a traceback or a review name the wrong one; so does a launcher class named as a class elsewhere in the
@@ -15,19 +15,27 @@ def and class; `main`, each command module's entry point, is the one name every 
 from __future__ import annotations
 
 import ast
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER = ROOT / "launcher"
+LAUNCHER = ROOT / "trainhook" / "launcher"
 PACKAGE = "trainhook.launcher"
-# The product's other packages (the wheel's trainhook.webhook, trainhook.certs and the rest of trainhook).
-PRODUCT = (ROOT / "webhook", ROOT / "trainhook", ROOT / "certs")
+# The product's other packages (trainhook.webhook, trainhook.certs and the rest of trainhook), the launcher left out.
+PRODUCT = (ROOT / "trainhook",)
 SHARED_NAMES = {"main"}
 
 
+def module_name(path: Path, folder: Path) -> str:
+    """A launcher module's name under launcher/: `ending`, `coordination.member_run`, `mpi` (a package's __init__)."""
+    parts = path.relative_to(folder).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def imports_of(tree: ast.Module, package: str = PACKAGE) -> set[str]:
-    """The launcher modules (short names) that an import anywhere in `tree` loads."""
+    """The launcher modules (names under launcher/) that an import anywhere in `tree` loads: `from P import N`
+    counts P and P.N (which is a module when P is a package); the caller keeps the ones that exist."""
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -41,16 +49,17 @@ def imports_of(tree: ast.Module, package: str = PACKAGE) -> set[str]:
         else:
             continue
         for name in names:
-            if name.startswith(PACKAGE + ".") and name.count(".") == 2:
-                found.add(name.rsplit(".", 1)[1])
+            if name.startswith(PACKAGE + "."):
+                found.add(name[len(PACKAGE) + 1:])
     return found
 
 
 def graph(folder: Path = LAUNCHER) -> dict[str, set[str]]:
-    modules = {path.stem: path for path in folder.glob("*.py")}
+    modules = {module_name(path, folder): path for path in folder.rglob("*.py") if "__pycache__" not in path.parts}
     edges = {}
     for name, path in modules.items():
-        edges[name] = {m for m in imports_of(ast.parse(path.read_text())) if m in modules and m != name}
+        package = f"{PACKAGE}.{name}" if path.name == "__init__.py" else f"{PACKAGE}.{name}".rpartition(".")[0]
+        edges[name] = {m for m in imports_of(ast.parse(path.read_text()), package) if m in modules and m != name}
     return edges
 
 
@@ -76,17 +85,19 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_launcher_imports_form_no_cycle():
     edges = graph()
-    assert len(edges) > 20 and "process" in edges["gang_run"], "the graph was built"
+    assert len(edges) >= 40 and "process" in edges["coordination.member_run"], "the graph was built"
+    assert "mpi.control" in edges["mpi.launch"] and "wait.dns" in edges["wait.tcp"], "the rooms' modules are in it"
     assert cycles(edges) == [], "launcher/ imports in a cycle (module or function level)"
 
 
 def test_the_scan_sees_function_level_relative_and_type_checking_imports():
-    tree = ast.parse("from trainhook.launcher import run as r, gang\nimport trainhook.launcher.wait\n"
+    tree = ast.parse("from trainhook.launcher import run as r, gang\nimport trainhook.launcher.wait.command\n"
                      "def f():\n    from trainhook.launcher.ending import end_member\n"
                      "    from .reach import connect_peer\n"
-                     "if TYPE_CHECKING:\n    from trainhook.launcher.coordinator import Coordinator\n"
+                     "if TYPE_CHECKING:\n    from trainhook.launcher.coordination.coordinator import Coordinator\n"
                      "from trainhook import keys\nimport json\n")
-    assert imports_of(tree) == {"run", "gang", "wait", "ending", "reach", "coordinator"}
+    assert imports_of(tree) == {"run", "gang", "wait.command", "ending", "ending.end_member", "reach",
+                                "reach.connect_peer", "coordination.coordinator", "coordination.coordinator.Coordinator"}
 
 
 def test_a_cycle_is_found_through_any_length():
@@ -116,7 +127,8 @@ def name_clashes(launcher: Path = LAUNCHER, product: tuple[Path, ...] = PRODUCT)
     theirs: dict[str, list[str]] = defaultdict(list)
     for folder in product:
         for name, where in top_level_names(folder).items():
-            theirs[name] += [f"{folder.name}/{file}" for file, is_class in where if is_class]
+            theirs[name] += [f"{folder.name}/{file}" for file, is_class in where
+                             if is_class and not (folder / file).resolve().is_relative_to(LAUNCHER.resolve())]
     clashes += [f"class {name} in launcher/{file} and {', '.join(theirs[name])}" for name, where in sorted(ours.items())
                 for file, is_class in where if is_class and theirs.get(name)]
     return clashes
@@ -125,20 +137,18 @@ def name_clashes(launcher: Path = LAUNCHER, product: tuple[Path, ...] = PRODUCT)
 def test_no_two_launcher_modules_define_a_name_and_no_launcher_class_borrows_a_product_class_name():
     ours = top_level_names(LAUNCHER)
     assert len(ours) > 200 and len(ours["main"]) > 5, "the scan sees launcher/'s defs, `main` in each command"
-    assert "Notary" in top_level_names(ROOT / "webhook"), "the scan sees the product's classes"
+    assert "Notary" in top_level_names(ROOT / "trainhook" / "webhook"), "the scan sees the product's classes"
     assert name_clashes() == []
 
 
 def test_the_name_check_catches_a_second_definition_and_a_borrowed_class_name(tmp_path):
     copy = tmp_path / "launcher"
-    copy.mkdir()
-    for path in LAUNCHER.glob("*.py"):
-        (copy / path.name).write_text(path.read_text())
+    shutil.copytree(LAUNCHER, copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert name_clashes(copy) == [], "the copy is as clean as launcher/"
 
-    with open(copy / "gang_run.py", "a") as module:
+    with open(copy / "coordination" / "member_run.py", "a") as module:
         module.write("\n\ndef main():\n    pass\n\n\ndef describe(peers):\n    return ''\n")
     with open(copy / "speak.py", "a") as module:
         module.write("\n\nclass Notary:\n    pass\n")
-    assert name_clashes(copy) == ["describe in gang_run.py, reach.py",
-                                  "class Notary in launcher/speak.py and webhook/notary.py"]
+    assert name_clashes(copy) == ["describe in coordination/member_run.py, reach.py",
+                                  "class Notary in launcher/speak.py and trainhook/webhook/notary/service.py"]

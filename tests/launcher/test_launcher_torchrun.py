@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from trainhook.launcher.gang import ConfigError
+from trainhook.launcher.pod_view import ConfigError
 from trainhook.launcher.torchrun import FLAG_OPTIONS, TORCHRUN, option_name, torchrun_argv
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]

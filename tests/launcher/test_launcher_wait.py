@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from trainhook.gang import keys
-from trainhook.launcher.gang import GangView, parse_gang
+from trainhook.launcher.pod_view import GangView, parse_gang
 from trainhook.launcher import reach
-from trainhook.launcher import wait as wait_module
-from trainhook.launcher import wait_dns as dns_mode
-from trainhook.launcher.wait_tcp import PROTOCOL, answer, missing_line, parse_missing
+from trainhook.launcher.wait import command as wait_module
+from trainhook.launcher.wait import dns as dns_mode
+from trainhook.launcher.wait.tcp import PROTOCOL, answer, missing_line, parse_missing
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
 ADDRESSES = ["job-master-0.job", "job-worker-0.job", "job-worker-1.job"]  # ranks 0, 1, 2

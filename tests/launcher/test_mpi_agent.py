@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from trainhook.launcher import kube_api, kubexec, mpi_local
-from trainhook.launcher.gang import ConfigError
+from trainhook.launcher.mpi import kube_api
+from trainhook.launcher.mpi import kubexec
+from trainhook.launcher.mpi import local_transport
+from trainhook.launcher.pod_view import ConfigError
 
 # Captured from the real launchers with an agent that logs its argv (OpenMPI 4.1.4's orterun with
 # `--mca plm_rsh_args "-o ConnectionAttempts=10"`, MPICH 4.0.2's Hydra with `-launcher rsh`).
@@ -112,10 +114,10 @@ MOUNTINFO = """\
 
 
 def test_the_hosts_bind_source_is_found_on_the_root_filesystem_and_on_a_tmpfs():
-    assert mpi_local.bind_sources("/etc/hosts", MOUNTINFO) == [Path("/tmp/trainhook-local-x/pods/pi-1/hosts")]
+    assert local_transport.bind_sources("/etc/hosts", MOUNTINFO) == [Path("/tmp/trainhook-local-x/pods/pi-1/hosts")]
     only_root = "\n".join(MOUNTINFO.splitlines()[:3])
-    assert mpi_local.bind_sources("/etc/hosts", only_root) == [Path("/srv/run one/pods/pi-0/hosts")]
-    assert mpi_local.bind_sources("/etc/resolv.conf", MOUNTINFO) == []
+    assert local_transport.bind_sources("/etc/hosts", only_root) == [Path("/srv/run one/pods/pi-0/hosts")]
+    assert local_transport.bind_sources("/etc/resolv.conf", MOUNTINFO) == []
 
 
 def test_a_pod_finds_its_local_run_from_its_own_hosts_mount(tmp_path):
@@ -124,7 +126,7 @@ def test_a_pod_finds_its_local_run_from_its_own_hosts_mount(tmp_path):
     pod_dir.mkdir(parents=True)
     (pod_dir / "hosts").write_text("127.0.0.1 localhost\n")
     (pod_dir / "sandbox.json").write_text("{}")
-    probe = "from trainhook.launcher.mpi_local import run_dir_from_hosts; print(run_dir_from_hosts())"
+    probe = "from trainhook.launcher.mpi.local_transport import run_dir_from_hosts; print(run_dir_from_hosts())"
     script = f'mount --bind {pod_dir / "hosts"} /etc/hosts && exec {sys.executable} -c "{probe}"'
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=60)
@@ -144,14 +146,14 @@ def test_a_local_pod_is_found_by_hostname_and_entered_through_the_runners_podexe
                        [ContainerSpec("mpi", "main", ["true"], {"A": "1"}, training=True)])
         (tmp_path / "pods" / name).mkdir(parents=True)
         pod.save(tmp_path / "pods" / name)
-    assert mpi_local.local_pod_name(tmp_path, "pi-worker-0.pi") == "pi-worker-0-fghij"
-    assert mpi_local.local_pod_name(tmp_path, "pi-worker-0-fghij") == "pi-worker-0-fghij"
-    assert mpi_local.exec_argv(tmp_path, "pi-worker-0-fghij", ["/bin/sh", "-c", "orted"]) == [
+    assert local_transport.local_pod_name(tmp_path, "pi-worker-0.pi") == "pi-worker-0-fghij"
+    assert local_transport.local_pod_name(tmp_path, "pi-worker-0-fghij") == "pi-worker-0-fghij"
+    assert local_transport.exec_argv(tmp_path, "pi-worker-0-fghij", ["/bin/sh", "-c", "orted"]) == [
         str(tmp_path / "podexec"), "pi-worker-0-fghij", "--", "/bin/sh", "-c", "orted"]
-    with pytest.raises(mpi_local.LocalPodError, match="no pod with hostname 'pi-worker-9'.*pi-launcher-0, pi-worker-0"):
-        mpi_local.local_pod_name(tmp_path, "pi-worker-9.pi")
-    with pytest.raises(mpi_local.LocalPodError, match="has no .*podexec .*written by `trainhook local`"):
-        mpi_local.exec_in(tmp_path, "pi-worker-0.pi", ["true"])
+    with pytest.raises(local_transport.LocalPodError, match="no pod with hostname 'pi-worker-9'.*pi-launcher-0, pi-worker-0"):
+        local_transport.local_pod_name(tmp_path, "pi-worker-9.pi")
+    with pytest.raises(local_transport.LocalPodError, match="has no .*podexec .*written by `trainhook local`"):
+        local_transport.exec_in(tmp_path, "pi-worker-0.pi", ["true"])
     script = install(tmp_path)
     assert script == tmp_path / "podexec" and os.access(script, os.X_OK)
     # The script runs the runner's podexec with this Python and the run directory, arguments intact.

@@ -20,9 +20,9 @@ import time
 import pytest
 
 from gang_notary import MpiGangCredentials
-from trainhook.launcher import mpi_control as control
-from trainhook.launcher import mpi_launch
-from trainhook.launcher.gang import Peer, parse_gang
+from trainhook.launcher.mpi import control
+from trainhook.launcher.mpi import launch as mpi_launch
+from trainhook.launcher.pod_view import Peer, parse_gang
 
 SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",

@@ -1,5 +1,5 @@
 """The `gang` transport for real: `trainhook-launch mpi-worker` as a process (its key from an HTTPS notary, as a
-pod gets it), the launcher's doorway (mpi_exec.Doorway, this test playing the launcher) and the rsh agent
+pod gets it), the launcher's doorway (gang_transport.Doorway, this test playing the launcher) and the rsh agent
 (`trainhook-launch kubexec --transport gang`) as a process, called as mpirun calls ssh.
 
 What it guarantees: the agent behaves as ssh would to mpirun (stdout, stderr, stdin, the exit code, the remote
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from gang_notary import MpiGangCredentials
-from trainhook.launcher import mpi_control as control
-from trainhook.launcher import mpi_exec
-from trainhook.launcher.gang import Peer, parse_gang
+from trainhook.launcher.mpi import control
+from trainhook.launcher.mpi import gang_transport
+from trainhook.launcher.pod_view import Peer, parse_gang
 
 SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
@@ -64,8 +64,8 @@ class Gang:
         self.root = Path(tempfile.mkdtemp(prefix="th-gang-"))
         self.root.chmod(0o755)
         self.said: list[str] = []
-        self.doorway = mpi_exec.Doorway(self.launcher, self.key, self.port,
-                                        mpi_exec.doorway_path(self.root / "kubexec.sh"), say=self.said.append)
+        self.doorway = gang_transport.Doorway(self.launcher, self.key, self.port,
+                                        gang_transport.doorway_path(self.root / "kubexec.sh"), say=self.said.append)
         self.doorway.__enter__()
 
     def connect(self) -> control.WorkerLink:

@@ -16,9 +16,9 @@ import sys
 import time
 
 from gang_notary import MpiGangCredentials
-from trainhook.launcher import mpi_control as control
-from trainhook.launcher import mpi_doorman
-from trainhook.launcher.gang import Peer, parse_gang
+from trainhook.launcher.mpi import control
+from trainhook.launcher.mpi import doorman as mpi_doorman
+from trainhook.launcher.pod_view import Peer, parse_gang
 
 CROWD = 400
 DRIP = 8.0

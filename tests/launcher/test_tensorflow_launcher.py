@@ -8,8 +8,8 @@ import pytest
 
 from trainhook.launcher import cli
 from trainhook.launcher import tf_config as tf_config_command
-from trainhook.launcher.gang import ConfigError
-from trainhook.webhook.mutate import mutate
+from trainhook.launcher.pod_view import ConfigError
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from objects import indexed_job, pod_of_job, pod_of_statefulset, statefulset
 

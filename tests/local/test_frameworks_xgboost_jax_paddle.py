@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from expected import gang_env, stamped, wired
 from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, statefulset

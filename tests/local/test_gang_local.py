@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 from helpers import local_summary as summary
 
-from trainhook.webhook.notary_local import stored_events
+from trainhook.webhook.notary.local import stored_events
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "local" / "data"

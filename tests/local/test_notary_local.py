@@ -1,6 +1,6 @@
 """`trainhook local` plays the kubelet for the identity volume: the projected serviceAccountToken the webhook
 injects is written as a random token per pod, and recorded with the pod it names for the local notary authority
-(webhook/notary_local.py), which the run's webhook serves to the pods (docs/use/local.md). The last test runs a real gang
+(webhook/notary/local.py), which the run's webhook serves to the pods (docs/use/local.md). The last test runs a real gang
 under `trainhook local` (root, network namespaces: run it under `flock -s /tmp/trainhook-node.lock`).
 """
 
@@ -27,7 +27,7 @@ from helpers import wait_for
 from trainhook.gang import keys
 from trainhook.local.envvars import EnvError, Sources
 from trainhook.local.volumes import container_mounts, prepare_volumes
-from trainhook.webhook.notary_local import LocalConflict, patch_stored_workload, store_workloads, workload_path
+from trainhook.webhook.notary.local import LocalConflict, patch_stored_workload, store_workloads, workload_path
 
 ROOT = Path(__file__).resolve().parents[2]
 

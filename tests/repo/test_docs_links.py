@@ -89,7 +89,7 @@ TOP_FOLDERS = ("webhook/", "launcher/", "trainhook/", "certs/", "charts/", "test
 
 def named_code(text: str) -> tuple[list[str], list[tuple[str, str]]]:
     """The repository paths architecture.md names in code spans, and (file, name) for each name it places in a
-    file (`` `webhook/pods.py` `set_env`, `gang_env` ``: set_env and gang_env are defined in webhook/pods.py)."""
+    file (`` `webhook/admission/pods.py` `set_env`, `gang_env` ``: set_env and gang_env are defined in webhook/admission/pods.py)."""
     paths = [p for p in re.findall(r"`([^`\s<>]+)`", text) if p.startswith(TOP_FOLDERS)]
     bare = [p for p in re.findall(r"`([\w/.-]+\.(?:py|c|yaml))`", text) if not p.startswith(TOP_FOLDERS)]
     assert not bare, f"name files by their path from the repository root: {bare}"
@@ -117,6 +117,6 @@ def test_the_architecture_map_names_what_exists():
 
 
 def test_the_map_check_reads_paths_and_placed_names():
-    paths, placed = named_code("`webhook/pods.py` `set_env`, `gang_env` and `launcher/gone.py` or `trainhook.gang.keys`")
-    assert paths == ["webhook/pods.py", "launcher/gone.py"]
-    assert placed == [("webhook/pods.py", "set_env"), ("webhook/pods.py", "gang_env")]
+    paths, placed = named_code("`webhook/admission/pods.py` `set_env`, `gang_env` and `launcher/gone.py` or `trainhook.gang.keys`")
+    assert paths == ["webhook/admission/pods.py", "launcher/gone.py"]
+    assert placed == [("webhook/admission/pods.py", "set_env"), ("webhook/admission/pods.py", "gang_env")]

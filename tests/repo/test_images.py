@@ -153,7 +153,7 @@ def injected_init_container() -> dict:
     import jsonpatch
 
     from objects import pod_of_statefulset, review
-    from trainhook.webhook.review import review as answer
+    from trainhook.webhook.admission.review import review as answer
     from trainhook.webhook.settings import Settings
 
     def admitted(obj: dict) -> dict:
@@ -213,24 +213,11 @@ def dockerignore_allows(image: str) -> list[str]:
 def test_the_build_copies_every_package_and_the_context_lets_it(image):
     build = stages(dockerfile(image))[0]
     copied = copied_sources(build)
-    package_dirs = set(PYPROJECT["tool"]["setuptools"]["package-dir"].values())
-    assert package_dirs <= set(copied), f"packages not copied: {package_dirs - set(copied)}"
+    assert "trainhook" in copied, "the package's one folder (trainhook/, with webhook/, launcher/, certs/ in it)"
     assert {"pyproject.toml", PYPROJECT["project"]["readme"], "images/constraints.txt"} <= set(copied)
     assert sorted(copied) == sorted(dockerignore_allows(image))
     for source in copied:
         assert (REPO / source).exists(), source
-
-
-def test_every_package_directory_is_installed_by_pyproject():
-    """A non-editable install (the image's) only ships the packages pyproject lists; the editable install the
-    tests use would not notice one missing."""
-    roots = PYPROJECT["tool"]["setuptools"]["package-dir"]
-    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    for package, directory in roots.items():
-        for init in sorted((REPO / directory).rglob("__init__.py")):
-            relative = init.parent.relative_to(REPO / directory)
-            name = ".".join([package, *relative.parts])
-            assert name in listed, f"{init.parent.relative_to(REPO)} is package {name}, missing from pyproject's packages"
 
 
 def test_the_images_build_steps_install_a_working_non_root_entrypoint(tmp_path):

@@ -63,7 +63,7 @@ def webhook_configuration(ca_pem: bytes, url: str, timeout_seconds: int = 10) ->
     (`https://HOST:PORT/mutate`), trusting `ca_pem`: the chart's two fail-closed webhooks (without its scale
     check), registered for exactly the operations the webhook mutates (mutate.MUTATED_OPERATIONS: pods at
     CREATE only, as the chart does, so a pod's updates never depend on the webhook being up)."""
-    from trainhook.webhook.mutate import MUTATED_OPERATIONS
+    from trainhook.webhook.admission.mutate import MUTATED_OPERATIONS
 
     def rule(group: str, resource: str, kind: str) -> dict:
         return {"apiGroups": [group], "apiVersions": ["v1"], "resources": [resource],

@@ -2,7 +2,7 @@
 
 `GangNotary(run_dir)` starts the real webhook process (trainhook/local/admission.WebhookServer) with its notary on
 127.0.0.1: real HTTPS with a certs/build.py CA, the notary's own code and membership rules, and the local authority
-(webhook/notary_local.py) over `run_dir`. `admit(workload)` does what `trainhook local` does before it runs pods:
+(webhook/notary/local.py) over `run_dir`. `admit(workload)` does what `trainhook local` does before it runs pods:
 the workload and the pods its controller makes go through the real webhook's mutation, are stored with uids and
 ownerReferences (RUN_DIR/pods/POD/pod.json, RUN_DIR/notary/workloads), and each pod's projected identity token is
 written and recorded (RUN_DIR/notary/tokens). `env(pod)` is the pod's training container's environment as the
@@ -33,7 +33,7 @@ from trainhook.local.envvars import PodFacts, Sources, container_env
 from trainhook.local.network import PodNet
 from trainhook.local.pods import training_container_name
 from trainhook.local.state import build_local_pod
-from trainhook.webhook.notary_local import store_workloads, stored_events, workload_path
+from trainhook.webhook.notary.local import store_workloads, stored_events, workload_path
 
 NOTARY_URL = "https://localhost:{port}"
 

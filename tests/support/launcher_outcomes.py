@@ -4,7 +4,7 @@ change of the launcher's format then breaks the readers' tests, instead of leavi
 nothing writes.
 
 - `decided(job, size, rank, code)`: the outcome the gang's coordinator decides (its pure decision machine,
-  launcher/gang_state.py's CoordinatorState, fed as members would feed it): `size` workers join and rank `rank` exits
+  launcher/coordination/coordinator_rules.py's CoordinatorState, fed as members would feed it): `size` workers join and rank `rank` exits
   with `code` (rank 0 exiting 0 is success).
 - `outcome.annotations()`: what the launcher writes on the workload.
 - `record(api_client, kind, name, namespace, outcome)`: the launcher's writer from before the notary
@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 
 from trainhook.gang import keys
 import outcome_api
-from trainhook.launcher import kube_api
-from trainhook.launcher.gang_state import CoordinatorState
-from trainhook.launcher.gang_report import EXITED, Report
-from trainhook.launcher.gang import parse_gang
+from trainhook.launcher.mpi import kube_api
+from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
+from trainhook.launcher.coordination.report import EXITED, Report
+from trainhook.launcher.pod_view import parse_gang
 from trainhook.launcher.outcome import Outcome
 from trainhook.launcher.policy import GangPolicy
 

@@ -2,14 +2,14 @@
 scale a StatefulSet gang to zero: what the launcher did itself before issue 22, kept here as the tests' recorder.
 
 The launcher no longer calls this (the pods hold no Kubernetes permission; the coordinator records through the
-notary, launcher/identity.py, docs/operate/security.md), so it left launcher/ and the zip every pod gets. The
+notary, launcher/notary_client.py, docs/operate/security.md), so it left launcher/ and the zip every pod gets. The
 cluster tests that need a recorded outcome write it with this, in the launcher's own format
 (tests/support/launcher_outcomes.py, tests/cluster/test_kube_api_cluster.py); the calls need `get`/`patch` on
 statefulsets (and `patch` on statefulsets/scale, jobs), which the chart grants no training pod."""
 
 from __future__ import annotations
 
-from trainhook.launcher import kube_api
+from trainhook.launcher.mpi import kube_api
 from trainhook.launcher.outcome import Outcome
 
 KINDS = ("StatefulSet", "Job")

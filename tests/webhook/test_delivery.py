@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from trainhook.launcher import deliver
-from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from expected import LAUNCHER, LAUNCHER_MOUNT, LAUNCHER_VOLUME
 from objects import container, pod_of_statefulset, statefulset

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from trainhook.local.controllers import job_pods, statefulset_pods
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

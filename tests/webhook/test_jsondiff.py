@@ -8,7 +8,7 @@ import copy
 import jsonpatch
 from hypothesis import given, settings, strategies as st
 
-from trainhook.webhook.jsondiff import diff, json_copy, pointer_token, same
+from trainhook.webhook.admission.jsondiff import diff, json_copy, pointer_token, same
 
 KEYS = st.sampled_from(["a", "b", "a/b", "~0", "~1/x", "", "env", "0"])
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.0, 1.0, 2.5]),
@@ -88,7 +88,7 @@ def test_keys_are_escaped_as_json_pointer_tokens():
 
 def test_a_shared_subtree_is_skipped_without_a_look(monkeypatch):
     """What makes the pod's review cheap: only the copied path is walked, however big the shared rest."""
-    from trainhook.webhook import jsondiff
+    from trainhook.webhook.admission import jsondiff
     visited = []
     for name in ("_diff", "same"):
         def counted(a, b, *rest, _original=getattr(jsondiff, name), _name=name):

@@ -17,9 +17,9 @@ import jsonpatch
 from trainhook.gang import keys
 from trainhook.launcher import deliver
 from trainhook.webhook import launcher_configmap as lcm
-from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import mutate
-from trainhook.webhook.review import review
+from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.mutate import mutate
+from trainhook.webhook.admission.review import review
 from trainhook.webhook.settings import Settings
 from objects import container, pod_of_statefulset, statefulset
 

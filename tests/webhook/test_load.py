@@ -9,7 +9,7 @@ import ssl
 import aiohttp
 
 from objects import pod_of_statefulset, review, statefulset
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from webhook_process import start_webhook
 

@@ -15,9 +15,9 @@ import pytest
 import expected
 from objects import container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
 from trainhook.gang import keys
-from trainhook.webhook.frameworks import mpi
-from trainhook.webhook.gang import Denied, Member, Problems, parse_shape
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.frameworks import mpi
+from trainhook.webhook.admission.member import Denied, Member, Problems, parse_shape
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 
 SETTINGS = Settings(launcher_image="registry.example/launcher:1", wait_timeout=300)

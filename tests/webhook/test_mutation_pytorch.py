@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from expected import stamped, wired
 from expected import gang_env as any_gang_env
@@ -230,7 +230,7 @@ def test_a_users_volume_or_mount_in_the_identitys_place_is_refused_not_overwritt
     pod["spec"]["volumes"] = [volume]
     if mount:
         pod["spec"]["containers"][0]["volumeMounts"] = [mount]
-    from trainhook.webhook.gang import Denied
+    from trainhook.webhook.admission.member import Denied
     with pytest.raises(Denied) as denied:
         mutate("Pod", "CREATE", pod, "team-a", NOTARY)
     message = str(denied.value)

@@ -1,4 +1,4 @@
-"""What the notary remembers (webhook/notary_cache.py), on its own: the TokenReview answers' lifetimes and bounds,
+"""What the notary remembers (webhook/notary/cache.py), on its own: the TokenReview answers' lifetimes and bounds,
 the single-flight reads' sharing and freshness, and the token claims the notary reads as a hint
 (notary_membership.token_claims). Time is a clock the test moves; the reads are real asyncio tasks. The rules
 against a real API server (a recreated job, a deleted pod, a flood of tokens) are in test_notary_cache_cluster.py.
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from trainhook.webhook.notary_cache import EXPIRY_MARGIN, ReviewCache, SharedReads
-from trainhook.webhook.notary_membership import token_claims
+from trainhook.webhook.notary.cache import EXPIRY_MARGIN, ReviewCache, SharedReads
+from trainhook.webhook.notary.membership import token_claims
 
 AUTHENTICATED = {"authenticated": True, "user": {"username": "system:serviceaccount:ns:sa"}}
 

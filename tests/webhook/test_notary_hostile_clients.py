@@ -29,7 +29,7 @@ SLOWEST_ANSWER = 2.0  # seconds; a credential call takes milliseconds on an idle
 
 
 class Member(threading.Thread):
-    """A member's launcher asking for its key every 0.2 s, each call on a new connection (as identity.py does)."""
+    """A member's launcher asking for its key every 0.2 s, each call on a new connection (as notary_client.py does)."""
 
     def __init__(self, notary: GangNotary, pod: str) -> None:
         super().__init__(daemon=True)

@@ -12,9 +12,9 @@ import json
 import pytest
 
 from objects import pod_of_statefulset, statefulset
-from trainhook.webhook.notary_membership import (Identity, Refusal, decide, gang_key, gang_workloads,
+from trainhook.webhook.notary.membership import (Identity, Refusal, decide, gang_key, gang_workloads,
                                                  identity_from_review, pick_anchor, place_of)
-from trainhook.webhook.notary_records import (BadBody, outcome_message, parse_event, parse_outcome, record_patch,
+from trainhook.webhook.notary.records import (BadBody, outcome_message, parse_event, parse_outcome, record_patch,
                                               recorded_outcome, same_record)
 
 NS = "team-a"
@@ -175,7 +175,7 @@ def test_an_outcome_body_is_checked_and_recorded_as_annotations_and_a_label():
     outcome = parse_outcome(body)
     assert outcome["reason"] == "rank 1 exited 3"  # one line
     assert set(outcome["logs"]) == {0, 1}
-    # The notary adds the gang's pods by rank (webhook/notary.py) before it records: the last lines name their pod.
+    # The notary adds the gang's pods by rank (webhook/notary/service.py) before it records: the last lines name their pod.
     patch = record_patch({**outcome, "pods": {0: "ddp-0", 1: "ddp-1", 2: "ddp-2"}}, "42")
     last_lines = json.loads(patch["metadata"]["annotations"].pop("trainhook.dev/last-lines"))
     assert patch == {"metadata": {"resourceVersion": "42", "labels": {"trainhook.dev/phase": "Failed"}, "annotations": {

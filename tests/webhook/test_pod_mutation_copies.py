@@ -10,9 +10,9 @@ import json
 import jsonpatch
 import pytest
 
-from trainhook.webhook.jsondiff import json_copy, same
-from trainhook.webhook.mutate import mutate
-from trainhook.webhook.review import review
+from trainhook.webhook.admission.jsondiff import json_copy, same
+from trainhook.webhook.admission.mutate import mutate
+from trainhook.webhook.admission.review import review
 from trainhook.webhook.settings import Settings
 from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, review as make_review, \
     statefulset

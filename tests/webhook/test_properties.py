@@ -11,8 +11,8 @@ import jsonpatch
 import kubernetes_validate
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from trainhook.webhook.jsondiff import json_copy, same
-from trainhook.webhook.review import BadReview, review
+from trainhook.webhook.admission.jsondiff import json_copy, same
+from trainhook.webhook.admission.review import BadReview, review
 from trainhook.webhook.settings import Settings
 from objects import container, indexed_job, pod_of_job, pod_of_statefulset, review as make_review, service, statefulset
 

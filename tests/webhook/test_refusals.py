@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from objects import bare_pod, indexed_job, pod_of_statefulset, service, statefulset
 

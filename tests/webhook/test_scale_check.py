@@ -7,8 +7,8 @@ import copy
 
 import pytest
 
-from trainhook.webhook.mutate import mutate
-from trainhook.webhook.scale import check_scale
+from trainhook.webhook.admission.mutate import mutate
+from trainhook.webhook.admission.scale import check_scale
 from trainhook.webhook.settings import Settings
 from objects import indexed_job, statefulset
 

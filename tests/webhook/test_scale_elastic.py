@@ -8,9 +8,9 @@ import copy
 
 import pytest
 
-from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import mutate
-from trainhook.webhook.review import BadReview, review
+from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.mutate import mutate
+from trainhook.webhook.admission.review import BadReview, review
 from trainhook.webhook.settings import Settings
 from objects import indexed_job, pod_of_statefulset, statefulset
 
@@ -187,7 +187,7 @@ def test_a_labeled_jobs_parallelism_change_is_refused_and_other_updates_pass():
 # --- the cache the scale reviews read (its list+watch against a real API server: tests/cluster/test_scale_cluster.py) ---
 
 def test_the_cache_keeps_only_gangs_cut_down_to_what_check_scale_reads():
-    from trainhook.webhook.scale import check_scale
+    from trainhook.webhook.admission.scale import check_scale
     from trainhook.webhook.statefulset_cache import StatefulSetCache
     plain = statefulset("web", 2)
     for labels in (plain["metadata"]["labels"], plain["spec"]["template"]["metadata"]["labels"]):

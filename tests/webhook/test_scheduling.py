@@ -7,8 +7,8 @@ import copy
 import kubernetes_validate
 import pytest
 
-from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from objects import pod_of_statefulset, statefulset
 

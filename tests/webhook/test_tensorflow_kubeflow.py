@@ -24,7 +24,7 @@ import json
 
 import pytest
 
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from objects import indexed_job, pod_of_job, pod_of_statefulset, statefulset
 

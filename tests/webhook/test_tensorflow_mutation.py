@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from trainhook.webhook.gang import Denied
-from trainhook.webhook.mutate import mutate
+from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
 from expected import stamped, wired
 from expected import gang_env as any_gang_env

@@ -2,7 +2,7 @@
 
 Where the recursion happens: at 1,000 levels and beyond, in json.loads itself (its C scanner stops at the
 interpreter's recursion limit); from ~500 to ~999, in the mutation's deep copy of the workload
-(webhook/workloads.py's copy.deepcopy takes two frames per level). No Kubernetes object nests that deep: a
+(webhook/admission/workloads.py's copy.deepcopy takes two frames per level). No Kubernetes object nests that deep: a
 StatefulSet is about 20 levels.
 """
 

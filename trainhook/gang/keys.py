@@ -54,7 +54,8 @@ ON_FAILURE = PREFIX + "on-failure"
 FAIL_GANG, RESTART_GANG = "fail-gang", "restart-gang"
 ON_FAILURE_VALUES = (FAIL_GANG, RESTART_GANG)
 # Annotation: which failures `restart-gang` retries and which fail the gang at once, as ordered rules
-# `ACTION: MATCHER, ...; ...` (launcher/failure_rules.py; docs/use/gang-lifecycle.md). Read through TH_FAILURE_RULES.
+# `ACTION: MATCHER, ...; ...` (trainhook/gang/failure_rules.py; docs/use/gang-lifecycle.md). Read through
+# TH_FAILURE_RULES.
 FAILURE_RULES = PREFIX + "failure-rules"
 # Annotation: seconds the gang may run, from its first start, across restarts (then it fails).
 ACTIVE_DEADLINE_SECONDS = PREFIX + "active-deadline-seconds"
@@ -218,7 +219,8 @@ TH_IDENTITY_TOKEN = "TRAINHOOK_IDENTITY_TOKEN"
 TH_LOCAL_STATUS = "TRAINHOOK_LOCAL_STATUS"
 # Seconds the coordinator waits, when a member's failure is fatal only by the default rule (exit 1-127), for a
 # failure that shows what caused it: a member whose peer was killed often exits 1 before the killed one's exit
-# (137) arrives, and the killed one's is the gang's real failure (launcher/gang_state.py CoordinatorState._failure).
+# (137) arrives, and the killed one's is the gang's real failure
+# (launcher/coordination/coordinator_rules.py CoordinatorState._failure).
 TH_FAILURE_SETTLE = "TRAINHOOK_FAILURE_SETTLE"
 # Given by the gang-aware launcher to its training command, per attempt (launcher/policy.py attempt_env): the
 # gang's attempt this process belongs to (1, 2, ...; a nested `run` sees it and runs its command alone) and the
@@ -239,14 +241,14 @@ TH_NOTARY = "TRAINHOOK_NOTARY"
 TH_NOTARY_CA = "TRAINHOOK_NOTARY_CA"
 
 # --- TRAINHOOK_* read by the launcher's MPI transports and `trainhook local` -------------------------------------
-# Injected by the webhook (webhook/frameworks/mpi.py): the MPI implementation (launcher only) and this pod's slots
-# (every pod: a worker reports its own to the launcher, which writes them into the hostfile).
+# Injected by the webhook (webhook/admission/frameworks/mpi.py): the MPI implementation (launcher only) and this pod's
+# slots (every pod: a worker reports its own to the launcher, which writes them into the hostfile).
 TH_MPI_IMPLEMENTATION = "TRAINHOOK_MPI_IMPLEMENTATION"
 TH_MPI_SLOTS = "TRAINHOOK_MPI_SLOTS"
-# A user's choice of how mpirun reaches the workers: gang, kubexec, ssh or local (launcher/kubexec.py).
+# A user's choice of how mpirun reaches the workers: gang, kubexec, ssh or local (launcher/mpi/kubexec.py).
 TH_MPI_TRANSPORT = "TRAINHOOK_MPI_TRANSPORT"
-# Set by `trainhook local` on its pods: the run's directory (launcher/mpi_local.py), and a mark on every process of
-# one container, which finds them all when the container ends (trainhook/local/containers.py).
+# Set by `trainhook local` on its pods: the run's directory (launcher/mpi/local_transport.py), and a mark on every
+# process of one container, which finds them all when the container ends (trainhook/local/containers.py).
 TH_LOCAL_RUN_DIR = "TRAINHOOK_LOCAL_RUN_DIR"
 TH_LOCAL_CONTAINER = "TRAINHOOK_LOCAL_CONTAINER"
 

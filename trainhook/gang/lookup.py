@@ -8,7 +8,8 @@ it with `Found.refusal` (as it does for the identity labels), and readers that c
 the scale check) take the template's.
 
 `trainhook.dev/replicas` on a template is the webhook's own stamp of the shape (derived from the workload), so the
-workload's admission reads both places through `lookup` but applies its own rule to them (webhook/workloads.py).
+workload's admission reads both places through `lookup` but applies its own rule to them
+(webhook/admission/workloads.py).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 /healthz. `AdmissionClient.admit` sends a CREATE AdmissionReview (admission.k8s.io/v1) built as kube-apiserver
 builds it, checks the answer as the apiserver does (uid, allowed, patchType) and applies the JSON patch.
 
-With `notary_dir` (the run directory), the same process serves the notary (webhook/notary.py) with the local
-authority over that directory's files (webhook/notary_local.py) on another 127.0.0.1 port, and injects
+With `notary_dir` (the run directory), the same process serves the notary (webhook/notary/service.py) with the local
+authority over that directory's files (webhook/notary/local.py) on another 127.0.0.1 port, and injects
 `https://trainhook-notary:8444` into gang pods: the name every pod's hosts file gives the runner's relay on the
 pod network (trainhook/local/notary_relay.py), which the serving certificate carries as a SAN.
 """

@@ -31,7 +31,7 @@ from trainhook.local.notary_relay import NotaryRelay
 from trainhook.local.run import address_warnings, admit_manifest, pods_yaml, prepare_pods, run_pods
 from trainhook.local.scaling import Scaler
 from trainhook.local.supervisor import RunResult
-from trainhook.webhook.notary_local import store_workloads
+from trainhook.webhook.notary.local import store_workloads
 
 
 DESCRIPTION = ("Run a labeled manifest's gang on this machine, as a cluster would: the real webhook admits the "
@@ -143,7 +143,7 @@ def _run(args: argparse.Namespace, run_dir: Path, kept: Path | None) -> int:
         check_host()  # refuse before doing any work
     env = dict(os.environ, TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN=args.cluster_domain)
     # The webhook serves the whole run: a scale-up (`trainhook local scale`) admits its new pods through it.
-    # It serves the notary too, with the local authority over this run's files (webhook/notary_local.py).
+    # It serves the notary too, with the local authority over this run's files (webhook/notary/local.py).
     with WebhookServer(run_dir / "webhook", env, notary_dir=run_dir) as webhook:
         client = webhook.client(manifest.path)
         state = admit_manifest(manifest, client, _warn)

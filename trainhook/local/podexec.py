@@ -7,7 +7,7 @@ enters it exactly as the pod's own containers did (`LocalPod.entry_argv`), with 
 Needs root, like the run itself. Exits with the command's exit code.
 
 `install` writes RUN_DIR/podexec when a run starts: this command with this Python and RUN_DIR filled in. The
-launcher's `local` MPI transport execs it (launcher/mpi_local.py), since the launcher runs delivered into the
+launcher's `local` MPI transport execs it (launcher/mpi/local_transport.py), since the launcher runs delivered into the
 pod with the standard library only and cannot import trainhook.local.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from trainhook.local.pods import SANDBOX_FILE, LocalPod
 
 
-SCRIPT = "podexec"  # trainhook.launcher.mpi_local.PODEXEC
+SCRIPT = "podexec"  # trainhook.launcher.mpi.local_transport.PODEXEC
 
 
 def install(run_dir: Path) -> Path:

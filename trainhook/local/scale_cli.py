@@ -14,7 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
-from trainhook.launcher.ending import write_atomically
+from trainhook.launcher.files import write_json_atomically
 from trainhook.local.scaling import ANSWER_TIMEOUT, CONTROL, POLL, RUNNER_FILE, alive, live_runs
 
 KINDS = ("statefulset", "statefulsets", "sts", "statefulset.apps", "statefulsets.apps")
@@ -75,7 +75,7 @@ def ask(run_dir: Path, body: dict, timeout: float) -> dict:
     ident = uuid.uuid4().hex
     request = control / f"scale-{time.time_ns()}-{ident}.request.json"
     answer = request.with_name(request.name.replace(".request", ".answer"))
-    write_atomically(request, body)
+    write_json_atomically(request, body)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:

@@ -26,14 +26,14 @@ import random
 from pathlib import Path
 from collections.abc import Callable
 
-from trainhook.launcher.ending import write_atomically
+from trainhook.launcher.files import write_json_atomically
 from trainhook.local.admission import AdmissionClient, AdmissionError
 from trainhook.local.controllers import controller_user, statefulset_pods, store
 from trainhook.local.envvars import Sources
 from trainhook.local.manifest import STATEFULSET, type_of
 from trainhook.local.network import Network
 from trainhook.local.state import POD_FILE, build_local_pod, restart_policy, write_hosts_files
-from trainhook.webhook.notary_local import patch_stored_workload
+from trainhook.webhook.notary.local import patch_stored_workload
 
 CONTROL = "control"
 RUNNER_FILE = "runner.json"
@@ -75,7 +75,7 @@ def find_statefulset(workloads: list[dict], name: str, namespace: str) -> dict:
 
 def refusal(workload: dict, replicas: int) -> str | None:
     """The webhook's verdict on a scale of the stored (mutated) StatefulSet, as kubectl would print a refusal."""
-    from trainhook.webhook.scale import check_scale  # the webhook's own rule, the same code a cluster runs
+    from trainhook.webhook.admission.scale import check_scale  # the webhook's own rule, the same code a cluster runs
 
     message = check_scale(workload, replicas)
     if message is None:
@@ -170,7 +170,7 @@ class Scaler:
                     except Exception as e:  # noqa: BLE001 - the command must hear why instead of timing out
                         supervisor.output.line(b"", f"trainhook local: the scale failed: {e}".encode())
                         answer = {"ok": False, "message": f"error: the scale failed: {e}"}
-                    write_atomically(path.with_name(path.name.replace(".request", ".answer")), answer)
+                    write_json_atomically(path.with_name(path.name.replace(".request", ".answer")), answer)
                     path.unlink(missing_ok=True)
                 await asyncio.sleep(POLL)
         finally:
@@ -238,11 +238,11 @@ class Scaler:
 def register(run_dir: Path) -> Path:
     """Say where this runner is: RUN_DIR/control/runner.json, and the registry entry `scale` looks in."""
     info = {"pid": os.getpid(), "runDir": str(run_dir.resolve())}
-    write_atomically(run_dir / CONTROL / RUNNER_FILE, info)
+    write_json_atomically(run_dir / CONTROL / RUNNER_FILE, info)
     entry = REGISTRY / f"{os.getpid()}.json"
     try:
         REGISTRY.mkdir(parents=True, exist_ok=True)
-        write_atomically(entry, info)
+        write_json_atomically(entry, info)
     except OSError:
         pass  # only the RUN_DIR-less form of `scale` needs it
     return entry

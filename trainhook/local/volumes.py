@@ -110,7 +110,7 @@ def prepare_volumes(pod: dict, pod_dir: Path, claims_dir: Path, sources: Sources
 def _projected_tokens(projected: dict, pod: dict, root: Path, what: str) -> Path:
     """A projected volume of serviceAccountToken sources, as the kubelet writes it: here a random token per pod
     and source (the runner plays the API server that would issue it), recorded in RUN_DIR/notary/tokens under its
-    SHA-256 with the pod it names, for the local notary authority (webhook/notary_local.py)."""
+    SHA-256 with the pod it names, for the local notary authority (webhook/notary/local.py)."""
     root.mkdir(parents=True, exist_ok=True)
     meta = pod["metadata"]
     for source in projected.get("sources") or []:

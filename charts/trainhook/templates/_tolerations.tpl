@@ -1,5 +1,5 @@
 {{/*
-The namespaces whose training pods get the chart's `tolerations` (webhook/tolerations.py, docs/operate/security.md), as the
+The namespaces whose training pods get the chart's `tolerations` (webhook/admission/tolerations.py, docs/operate/security.md), as the
 webhook's TRAINHOOK_WEBHOOK_TOLERATION_NAMESPACES. Tolerations without a namespace would reach no pod: refused, so
 an upgrade from the chart that gave them to every labeled pod says so instead of silently dropping them.
 */}}

@@ -26,8 +26,8 @@ import socket
 import sys
 import time
 
-from trainhook.launcher import gang_protocol as wire
-from trainhook.launcher import identity
+from trainhook.launcher import wire
+from trainhook.launcher import notary_client
 from trainhook.launcher.outcome import Outcome, now_rfc3339
 
 TARGET, PORT = os.environ["FORGE_TARGET"], int(os.environ.get("FORGE_PORT", "29497"))
@@ -73,7 +73,7 @@ def ask(what: str, call) -> bool:
     """True when the notary refused."""
     try:
         answer = call()
-    except identity.NotaryError as e:
+    except notary_client.NotaryError as e:
         print(f"REFUSED {what}: {e}", flush=True)
         return e.status in (401, 403)
     print(f"ACCEPTED {what}: {answer}", flush=True)
@@ -104,9 +104,9 @@ def read_victims_spec(path: str) -> None:
 def main() -> int:
     if os.environ.get("FORGE_VIEW") and not os.environ.get("TRAINHOOK_NOTARY"):
         read_victims_spec(os.environ["FORGE_VIEW"])
-    notary = identity.from_env(os.environ)
+    notary = notary_client.from_env(os.environ)
     assert notary is not None, "TRAINHOOK_NOTARY is not set"
-    anonymous = identity.NotaryClient(notary.url, os.environ["TRAINHOOK_NOTARY_CA"], "/dev/null")
+    anonymous = notary_client.NotaryClient(notary.url, os.environ["TRAINHOOK_NOTARY_CA"], "/dev/null")
     success = Outcome("Succeeded", 0, "rank 0 exited 0 (forged)", 0, now_rfc3339(), 1)
     completion = {"attempt": 1, "status": "exited", "code": 0, "restarts": 0, "since": None, "outcome": None}
     claim = dict(completion, status="done", outcome=success.to_dict())

@@ -1,0 +1,45 @@
+"""The one way trainhook writes a file that someone may be reading: through a temporary name and a rename.
+
+A container may start on the launcher while an init container restarted mid-copy writes it again; mpirun may read
+the rsh agent while a second launcher attempt rewrites it; a `trainhook local` runner reads the outcome marker while
+the launcher writes it; the webhook serves the certificate files while it renews them. Each reader must see the
+old file or the new one, never half of one. Used by the launcher (deliver, ending, mpi/kubexec) and the webhook
+(selfcerts, notary/local); the standard library only, as the rest of the in-pod set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+
+def write_atomically(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` with `mode` (exactly, whatever the umask, and from the file's first byte: a key is
+    never readable by others even for a moment). The temporary name carries this process's id, so two processes
+    writing the same path never share one; it is created afresh (never through a link someone left there) and
+    removed when the write fails. OSError on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        temporary.unlink()
+    except FileNotFoundError:
+        pass
+    try:
+        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), "wb") as out:
+            out.write(data)
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            temporary.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def write_json_atomically(path: Path, data: object, indent: Optional[int] = None) -> None:
+    """`data` as JSON, written as write_atomically writes (the launcher's outcome marker, `trainhook local`'s
+    control files, the local notary's records)."""
+    write_atomically(path, json.dumps(data, indent=indent).encode())

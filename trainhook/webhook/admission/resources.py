@@ -1,0 +1,94 @@
+"""Extended resources (`nvidia.com/gpu`, ...) of a workload's pod template, checked at the workload's admission.
+
+Kubernetes validates them only when a pod is created, not in a StatefulSet's or Job's template: `nvidia.com/gpu:
+500m` is accepted at `kubectl apply`, then every pod creation fails (FailedCreate `must be an integer`) and nothing
+shows on the workload. The webhook refuses the workload instead, naming the field, with the API server's own rules
+for an extended resource (pkg/apis/core/validation): a whole, non-negative quantity; a request needs a limit and
+equals it (extended resources are never overcommitted).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+from trainhook.webhook.admission.member import Problems
+
+# resource.Quantity: a signed decimal number, then a binary suffix, a decimal suffix or an exponent.
+QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$")
+BINARY = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60}
+DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal(10) ** 3,
+           "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15,
+           "E": Decimal(10) ** 18}
+
+
+def quantity(value: object) -> Decimal | None:
+    """A resource.Quantity's value (an int or float from YAML, or its string form), or None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        value = repr(value)
+    match = QUANTITY.match(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    try:
+        number, suffix = Decimal(match[1]), match[2] or ""
+    except InvalidOperation:
+        return None
+    if suffix in BINARY:
+        return number * BINARY[suffix]
+    if suffix in DECIMAL:
+        return number * DECIMAL[suffix]
+    return number * (Decimal(10) ** int(suffix[1:])) if suffix else number
+
+
+def is_extended(name: str) -> bool:
+    """Kubernetes' IsExtendedResourceName: a domain-prefixed name outside kubernetes.io (and not a quota's
+    `requests.` name), e.g. nvidia.com/gpu, amd.com/gpu, rdma/hca."""
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+
+
+def check_container(path: str, container: dict, problems: Problems) -> None:
+    resources = container.get("resources") if isinstance(container, dict) else None
+    if not isinstance(resources, dict):
+        return
+    sections: dict[str, dict] = {}
+    for section in ("limits", "requests"):
+        found = resources.get(section)
+        sections[section] = found if isinstance(found, dict) else {}
+    values: dict[str, dict[str, Decimal]] = {"limits": {}, "requests": {}}
+    for section, items in sections.items():
+        for name, text in items.items():
+            if not isinstance(name, str) or not is_extended(name):
+                continue
+            field = f"{path}.resources.{section}.{name}"
+            value = quantity(text)
+            if value is None or value < 0 or value != value.to_integral_value():
+                problems.add(field, text, "an extended resource is a whole number of devices: the API server would "
+                             "refuse every pod (FailedCreate: must be an integer)",
+                             "use a whole number, e.g. 1 (a fraction of a GPU needs a device plugin's own resource "
+                             "name, such as time-slicing or MIG)")
+                continue
+            values[section][name] = value
+    for name, request in values["requests"].items():
+        limit = values["limits"].get(name)
+        field = f"{path}.resources.requests.{name}"
+        if name not in sections["limits"]:
+            problems.add(field, sections["requests"][name], "an extended resource needs a limit (it is never "
+                         "overcommitted): the API server would refuse every pod", f"set resources.limits.{name} to "
+                         "the same value, or give the limit alone")
+        elif limit is not None and limit != request:
+            problems.add(field, sections["requests"][name], f"differs from the limit "
+                         f"({sections['limits'][name]}): the API server would refuse every pod",
+                         "make request and limit equal, or give the limit alone")
+
+
+def check_extended_resources(template: dict, problems: Problems) -> None:
+    """Every container's and init container's extended resources in a workload's pod template."""
+    spec = template.get("spec") if isinstance(template, dict) else None
+    if not isinstance(spec, dict):
+        return
+    for field in ("initContainers", "containers"):
+        for container in spec.get(field) or []:
+            name = container.get("name", "") if isinstance(container, dict) else ""
+            check_container(f"spec.template.spec.{field}[{name}]", container, problems)

@@ -1,0 +1,355 @@
+"""The notary: a second HTTPS listener of the webhook that gives gang members their signing key and records, stops
+and emits on the gang's behalf (docs/operate/security.md is the spec; its API table is the contract with launcher/).
+
+A request carries the pod's projected token (audience `trainhook`). The notary asks its `Authority` who the token
+names (a TokenReview in a cluster), reads that pod and its gang's anchor (rank 0's pod and workload), and lets the
+pure decision (notary_membership) say whether the pod belongs; what a record does is notary_records. This module
+is only the order of the I/O and the HTTP mapping: 401 unauthenticated, 403 refused, 400 malformed, 503 not
+decidable yet (with Retry-After). Refusals are logged once per (pod, reason), at a bounded rate.
+
+At gang start N members ask at once. So the TokenReview runs alongside the GET of the pod the token claims, a
+review's answer is remembered until shortly before the token expires, and the gang's anchor is read once for all
+of them (single-flight) and kept a few seconds for credential calls: webhook/notary/cache.py, and `verify` for
+why a kept copy cannot give a key to anyone fresh reads would refuse. The flags and the authority's choice are in
+notary_settings.py (re-exported here).
+
+Authorities: `cluster` (webhook/notary/cluster.py: the API server, with the chart's documented RBAC) and
+`local:RUN_DIR` (webhook/notary/local.py: the files a `trainhook local` run writes, its runner playing the API server
+and the kubelet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from collections.abc import Callable
+
+from aiohttp import web
+
+from trainhook.webhook.notary.cache import Read, RefusalLog, ReviewCache, SharedReads
+from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, Gang, Identity, Place, Refusal, WorkloadRef,
+                                                 carries_job, decide, gang_key, gang_workloads, identity_from_review,
+                                                 pick_anchor, place_of, token_claims)
+from trainhook.webhook.notary.records import (BadBody, event, outcome_message, parse_event, parse_outcome,
+                                              rank_pods, record_patch, recorded_outcome, same_record)
+from trainhook.webhook.notary.authority import Authority, Conflict, Unreachable
+
+log = logging.getLogger("trainhook.webhook.notary")
+
+MAX_BODY = 64 * 1024  # an outcome or an event is a few hundred bytes
+MAX_TOKEN = 16 * 1024
+BODY_DEADLINE = 10.0
+RETRY_AFTER = "2"
+MAX_CONFLICTS = 5  # a StatefulSet's status changes under the record's resourceVersion precondition: re-read
+
+
+class NoAnchor(Exception):
+    """A shared anchor read found no rank 0 to pick among `candidates` (each requester is told why itself)."""
+
+    def __init__(self, candidates: list[dict]):
+        super().__init__("no anchor")
+        self.candidates = candidates
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A gang's anchor as read: rank 0's pod, its controller reference, that workload (None: gone, or none)."""
+
+    pod: dict
+    ref: WorkloadRef | None
+    workload: dict | None
+
+    def vouched_by(self, place: Place) -> bool:
+        """Whether the requester's own pod, read now, names this anchor's workload as its controller (kind, name
+        and uid) and the copy is of that very workload: then it is this requester's gang, whatever else changed."""
+        uid = ((self.workload or {}).get("metadata") or {}).get("uid")
+        return place.owner is not None and place.owner == self.ref and uid == place.owner.uid
+
+
+@dataclass
+class Verified:
+    """A request's verified member: its place, its gang and the anchor workload as read (None: bare-Pod gang)."""
+
+    place: Place
+    gang: Gang
+    anchor_workload: dict | None
+
+
+class Notary:
+    """The notary's state: the authority, the gang key, the refusals, and bare-Pod gangs' outcomes (they have no
+    workload to record on: kept here, bounded, and said in an Event on rank 0's pod)."""
+
+    def __init__(self, authority: Authority, key: bytes | Callable[[], bytes],
+                 now=lambda: dt.datetime.now(dt.timezone.utc), reviews: ReviewCache | None = None,
+                 anchors: SharedReads | None = None):
+        """`key` is the gang key, or a function returning the current one (the webhook's Settings hold it, and
+        may adopt a new one while serving). `reviews` and `anchors`: what it remembers (webhook/notary/cache.py)."""
+        self.reviews = ReviewCache() if reviews is None else reviews  # (an empty cache is falsy: no `or`)
+        self.anchors = SharedReads() if anchors is None else anchors
+        self.key_now = key if callable(key) else (lambda: key)
+        if not self.key_now():
+            raise ValueError("the notary needs the gang key (TRAINHOOK_WEBHOOK_GANG_KEY or --gang-key-file)")
+        self.authority, self.now = authority, now
+        self.refusals = RefusalLog()
+        self.bare_outcomes: collections.OrderedDict[str, dict] = collections.OrderedDict()
+
+    async def verify(self, token: str, shared: bool = False) -> Verified:
+        """Who sent the request, and their gang (Refusal otherwise). The requester's pod is always read afresh.
+        With `shared` (a credential call) the gang's anchor may be a copy read up to ANCHOR_TTL seconds ago, but
+        only when the requester's own controller, read now, is that copy's workload, uid included: then the copy
+        names the gang the requester's own pod names (the key cannot be an earlier job's), and it cannot refuse
+        or 503 the requester either. Every other requester is judged on an anchor read after its request began."""
+        began = self.anchors.clock()
+        identity, pod = await self._who(token)
+        try:
+            place = place_of(identity, pod)
+            anchor = await self._anchor(place, None if shared else began)
+            if anchor.started < began and not anchor.value.vouched_by(place):
+                anchor = await self._anchor(place, began)
+            return await self._decide(place, anchor.value, began)
+        except Refusal as e:  # a new one: a shared read's refusal is one object for all who shared it
+            refusal = Refusal(e.status, e.reason)
+            refusal.who = f"{identity.namespace}/{identity.pod}"
+            raise refusal from None
+
+    async def _who(self, token: str) -> tuple[Identity, dict | None]:
+        """The token's identity (TokenReview, or its remembered answer) and that pod as read now. Without a
+        remembered answer the pod the token claims is read alongside the review, and used only when the review
+        names that very pod."""
+        authority, known = self.authority, self.reviews.get(token)
+        if known is not None:
+            identity = identity_from_review(known)
+            return identity, await authority.get_pod(identity.namespace, identity.pod)
+        claims = token_claims(token)
+        if claims is None:  # not a JWT (a local run's tokens): nothing to read alongside, nothing to keep
+            identity = identity_from_review(await authority.review_token(token))
+            return identity, await authority.get_pod(identity.namespace, identity.pod)
+        status, pod = await asyncio.gather(authority.review_token(token),
+                                           authority.get_pod(claims.namespace, claims.pod), return_exceptions=True)
+        if isinstance(status, BaseException):
+            raise status
+        self.reviews.put(token, status or {}, claims.expires)
+        identity = identity_from_review(status)
+        if (identity.namespace, identity.pod) != (claims.namespace, claims.pod):
+            return identity, await authority.get_pod(identity.namespace, identity.pod)
+        if isinstance(pod, BaseException):
+            raise pod
+        return identity, pod
+
+    async def _anchor(self, place: Place, fresh_after: float | None) -> Read:
+        """The gang's anchor, shared by concurrent requests of the gang (one read for all of them). The pick
+        depends on the key alone; a failed one is made again with each requester's own place, so its refusal
+        names that requester, not the one whose request started the read."""
+        key = ("anchor", place.namespace, place.job, place.anchor_hostname)
+        try:
+            return await self.anchors.get(key, lambda: self._read_anchor(place), fresh_after)
+        except NoAnchor as e:
+            pick_anchor(place, e.candidates)  # raises this requester's refusal
+            raise Refusal(503, f"rank 0's pod of gang {place.namespace}/{place.job} is not known yet") from None
+
+    async def _read_anchor(self, place: Place) -> Anchor:
+        authority = self.authority
+        named = await authority.get_pod(place.namespace, place.anchor_hostname)
+        try:
+            pod = pick_anchor(place, [named] if named else [])
+        except Refusal:  # rank 0's pod is not named after its hostname (a Job's, a bare pod's): look by label
+            candidates = await authority.list_gang_pods(place.namespace, place.job)
+            try:
+                pod = pick_anchor(place, candidates)
+            except Refusal:
+                raise NoAnchor(candidates) from None
+        owner_meta = pod.get("metadata") or {}
+        ref = next((WorkloadRef(r.get("kind", ""), r.get("name", ""), r.get("uid", ""))
+                    for r in owner_meta.get("ownerReferences") or [] if r.get("controller")), None)
+        workload = None
+        if ref is not None and ref.kind in WORKLOAD_KINDS:
+            workload = await authority.get_workload(place.namespace, ref.kind, ref.name)
+        return Anchor(pod, ref, workload)
+
+    async def _decide(self, place: Place, anchor: Anchor, began: float) -> Verified:
+        own = None
+        owner = place.owner
+        if owner is not None and owner != anchor.ref and owner.kind in WORKLOAD_KINDS:  # another role's workload
+            own = (await self.anchors.get(("workload", place.namespace, owner.kind, owner.name),
+                                          lambda: self.authority.get_workload(place.namespace, owner.kind,
+                                                                              owner.name), began)).value
+        return Verified(place, decide(place, anchor.pod, anchor.workload, own), anchor.workload)
+
+    # --- what the calls do, once verified --------------------------------------------------------------------
+    def credential(self, verified: Verified) -> dict:
+        gang = verified.gang
+        key = gang_key(self.key_now(), gang)
+        return {"namespace": gang.namespace, "job": gang.job, "gang": gang.gang_id, "key": key}
+
+    def current_outcome(self, verified: Verified) -> dict | None:
+        if verified.gang.bare:
+            return self.bare_outcomes.get(verified.gang.gang_id)
+        return recorded_outcome(verified.anchor_workload)
+
+    async def record(self, verified: Verified, outcome: dict) -> dict:
+        """Record `outcome` once (first write wins), stop the gang's StatefulSets, emit the Events; returns the
+        outcome that is recorded. A retry of the same record finishes what an error interrupted."""
+        gang = verified.gang
+        if gang.bare:
+            kept = self.bare_outcomes.setdefault(gang.gang_id, outcome)
+            while len(self.bare_outcomes) > 10_000:
+                self.bare_outcomes.popitem(last=False)
+            if kept is outcome:
+                await self._emit(gang, [gang.anchor_workload], *outcome_message(outcome), key=outcome["time"])
+            return kept
+        workload = verified.anchor_workload
+        outcome = await self._with_pods(gang, outcome)
+        for _ in range(MAX_CONFLICTS):
+            recorded = recorded_outcome(workload)
+            if recorded is not None:
+                if not same_record(recorded, outcome):
+                    return recorded
+                break
+            version = ((workload or {}).get("metadata") or {}).get("resourceVersion")
+            try:
+                await self.authority.patch_workload(gang.namespace, gang.anchor_workload.kind,
+                                                    gang.anchor_workload.name, record_patch(outcome, version))
+                break
+            except Conflict:
+                workload = await self.authority.get_workload(gang.namespace, gang.anchor_workload.kind,
+                                                             gang.anchor_workload.name)
+        else:
+            raise Unreachable(f"the record on {gang.anchor_workload.kind}/{gang.anchor_workload.name} kept "
+                              "conflicting with other writes")
+        workloads = await self._workloads(gang)
+        for ref, obj in workloads[1:]:
+            if recorded_outcome(obj) is None:
+                await self.authority.patch_workload(gang.namespace, ref.kind, ref.name, record_patch(outcome))
+        for ref, obj in workloads:
+            if ref.kind == "StatefulSet" and (obj.get("spec") or {}).get("replicas") != 0:
+                await self.authority.scale_to_zero(gang.namespace, ref.name)
+        await self._emit(gang, [ref for ref, _ in workloads], *outcome_message(outcome), key=outcome["time"])
+        log.info("gang outcome recorded", extra={"gang": gang.gang_id, "phase": outcome["phase"],
+                                                 "code": outcome["code"], "rank": outcome["rank"]})
+        return outcome
+
+    async def _with_pods(self, gang: Gang, outcome: dict) -> dict:
+        """The outcome with the pod names of the ranks it names (the deciding one, and those whose last lines it
+        keeps), read from the gang's own pods: a launcher cannot know its Job pod's generated name."""
+        pods = await self.authority.list_gang_pods(gang.namespace, gang.job)
+        names = rank_pods(pods, {ref.uid for ref in gang_workloads(gang, pods)})
+        found = {rank: names[rank] for rank in {outcome["rank"], *outcome.get("logs", {})} if rank in names}
+        return {**outcome, "pod": outcome.get("pod") or found.get(outcome["rank"], ""), "pods": found}
+
+    async def emit(self, verified: Verified, kind: str, reason: str, message: str) -> None:
+        gang = verified.gang
+        targets = [gang.anchor_workload] if gang.bare else [ref for ref, _ in await self._workloads(gang)]
+        await self._emit(gang, targets, kind, reason, message, key=uuid.uuid4().hex)
+
+    async def _workloads(self, gang: Gang) -> list[tuple[WorkloadRef, dict]]:
+        """The gang's workloads as read now: the anchor's first, then the others that carry the job name."""
+        pods = await self.authority.list_gang_pods(gang.namespace, gang.job)
+        found: list[tuple[WorkloadRef, dict]] = []
+        for ref in gang_workloads(gang, pods):
+            obj = await self.authority.get_workload(gang.namespace, ref.kind, ref.name)
+            if obj is None or (obj.get("metadata") or {}).get("uid") != ref.uid:
+                continue
+            if ref == gang.anchor_workload or carries_job(obj, gang.job):
+                found.append((ref, obj))
+        return found
+
+    async def _emit(self, gang: Gang, targets: list[WorkloadRef], kind: str, reason: str, message: str,
+                    key: str) -> None:
+        now = self.now()
+        for ref in targets:
+            await self.authority.create_event(gang.namespace, event(gang, ref, kind, reason, message, now, key))
+
+
+NOTARY = web.AppKey("notary", Notary)
+
+
+def bearer_token(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip() or len(token) > MAX_TOKEN:
+        raise Refusal(401, "no bearer token: send Authorization: Bearer <the projected token>")
+    return token.strip()
+
+
+async def read_json(request: web.Request) -> object:
+    try:
+        async with asyncio.timeout(BODY_DEADLINE):
+            raw = await request.read()
+    except TimeoutError:
+        raise BadBody(f"the body did not arrive within {BODY_DEADLINE:.0f} s") from None
+    try:
+        return json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadBody(f"the body is not JSON: {e}") from None
+
+
+def refusal_answer(notary: Notary, who: str, status: int, reason: str) -> web.Response:
+    notary.refusals.refused(who, status, reason)
+    headers = {"Retry-After": RETRY_AFTER} if status == 503 else None
+    return web.json_response({"error": reason}, status=status, headers=headers)
+
+
+def handler(action, shared: bool = False):
+    """Wrap an action(notary, verified, body) into a handler: authenticate, verify, map errors to statuses.
+    `shared`: the action may be judged on a recent copy of the gang's anchor (Notary.verify says when)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        notary = request.app[NOTARY]
+        who = request.remote or "?"
+        try:
+            token = bearer_token(request)
+            body = await read_json(request) if request.method == "POST" else None
+            verified = await notary.verify(token, shared)
+            who = f"{verified.place.namespace}/{verified.place.pod}"
+            return web.json_response(await action(notary, verified, body))
+        except Refusal as e:
+            return refusal_answer(notary, e.who or who, e.status, e.reason)
+        except BadBody as e:
+            return refusal_answer(notary, who, 400, str(e))
+        except Unreachable as e:
+            return refusal_answer(notary, who, 503, f"cannot decide now: {e}")
+
+    return handle
+
+
+def coordinator_only(verified: Verified, what: str) -> None:
+    if not verified.gang.coordinator:
+        raise Refusal(403, f"pod {verified.place.namespace}/{verified.place.pod} is not the coordinator of gang "
+                           f"{verified.gang.namespace}/{verified.gang.job} (rank 0's pod {verified.gang.anchor_pod} "
+                           f"is): only it may {what}")
+
+
+async def credential(notary: Notary, verified: Verified, body: object) -> dict:
+    return notary.credential(verified)
+
+
+async def get_outcome(notary: Notary, verified: Verified, body: object) -> dict:
+    return {"outcome": notary.current_outcome(verified)}
+
+
+async def post_outcome(notary: Notary, verified: Verified, body: object) -> dict:
+    outcome = parse_outcome(body)
+    coordinator_only(verified, "record the gang's outcome")
+    return {"outcome": await notary.record(verified, outcome)}
+
+
+async def post_event(notary: Notary, verified: Verified, body: object) -> dict:
+    kind, reason, message = parse_event(body)
+    coordinator_only(verified, "emit the gang's events")
+    await notary.emit(verified, kind, reason, message)
+    return {"emitted": reason}
+
+
+def create_app(notary: Notary) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    app[NOTARY] = notary
+    app.router.add_post("/v1/credential", handler(credential, shared=True))
+    app.router.add_get("/v1/outcome", handler(get_outcome))
+    app.router.add_post("/v1/outcome", handler(post_outcome))
+    app.router.add_post("/v1/event", handler(post_event))
+    return app
