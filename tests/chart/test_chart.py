@@ -261,8 +261,12 @@ def test_the_rules_cover_what_is_mutated_pods_at_create_the_others_at_create_and
 
     # Pods are mutated at CREATE only: registered for UPDATE, failing closed, a pod's updates (a finalizer's
     # removal) would be refused while the webhook is down (tests/cluster/test_webhook_down_cluster.py).
+    # Deployments, ReplicaSets, DaemonSets and ReplicationControllers are registered to be refused by name when
+    # labeled (mutate.REFUSED_OPERATIONS): they make pods but never a gang.
     assert covered(hooks["workloads.trainhook.dev"]) == {("", "v1", "pods", "CREATE")} | {
-        (group, "v1", resource, operation) for group, resource in [("apps", "statefulsets"), ("batch", "jobs")]
+        (group, "v1", resource, operation) for group, resource in [
+            ("apps", "statefulsets"), ("batch", "jobs"), ("apps", "deployments"), ("apps", "replicasets"),
+            ("apps", "daemonsets"), ("", "replicationcontrollers")]
         for operation in ("CREATE", "UPDATE")}
     assert covered(hooks["services.trainhook.dev"]) == {("", "v1", "services", op) for op in ("CREATE", "UPDATE")}
     for hook in hooks.values():

@@ -138,6 +138,25 @@ def test_a_refused_workload_fails_with_the_webhooks_message(wired_cluster, k8s_n
     assert "trainhook.dev/role='boss': not a pytorch role; use one of master, worker" in caught.value.body
 
 
+def test_a_labeled_deployment_is_refused_by_the_api_server_naming_the_kind_and_an_unlabeled_one_created(
+        wired_cluster, k8s_namespace):
+    """The chart registers Deployments (issue 34): labeled for training, one is refused with the webhook's reason
+    instead of being admitted into pods that can never form a gang; any other Deployment never reaches trainhook."""
+    apps = client.AppsV1Api(wired_cluster["api"])
+
+    def deployment(name: str, labels: dict) -> dict:
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                         "template": {"metadata": {"labels": {"app": name}},
+                                      "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
+    with pytest.raises(ApiException) as caught:
+        apps.create_namespaced_deployment(k8s_namespace, deployment("trainer", {"trainhook.dev/framework": "pytorch"}))
+    assert caught.value.status == 403
+    assert "Deployment is an unsupported kind" in caught.value.body
+    assert "the supported kinds are StatefulSet, Job (Indexed), Pod, Service" in caught.value.body
+    assert apps.create_namespaced_deployment(k8s_namespace, deployment("web", {"app": "web"})).metadata.name == "web"
+
+
 def test_scaling_a_statefulset_restamps_its_pods_shape(wired_cluster, k8s_namespace):
     api_client, ns = wired_cluster["api"], k8s_namespace
     create_example(api_client, ns)

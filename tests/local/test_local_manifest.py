@@ -97,3 +97,39 @@ def test_the_same_object_twice_is_refused():
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ManifestError, match="cannot read .*nope.yaml"):
         load_manifest(tmp_path / "nope.yaml")
+
+
+LABELED_DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: trainer, labels: {trainhook.dev/framework: pytorch}}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: trainer}}
+  template:
+    metadata: {labels: {app: trainer}}
+    spec: {containers: [{name: c, image: x, command: [python, train.py]}]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: c, image: x}]}
+"""
+
+
+def test_a_deployment_labeled_for_training_is_refused_by_name_and_an_unlabeled_one_ignored(tmp_path):
+    """As the webhook refuses it at admission, `trainhook local` refuses it rather than warning and running the rest
+    (a local run must never be kinder than a cluster); the unlabeled Deployment stays a warning."""
+    with pytest.raises(ManifestError) as caught:
+        parse_manifest(LABELED_DEPLOYMENT, "deploy.yaml")
+    assert str(caught.value) == (
+        "deploy.yaml: deployment/trainer: it is labeled trainhook.dev/framework, but Deployment is an unsupported "
+        "kind: trainhook does not wire it (its pods have no stable index for a rank, nor an address a peer can "
+        "resolve); the supported kinds are StatefulSet, Job (Indexed), Pod, Service: make it a StatefulSet (with a "
+        "headless Service as its serviceName) or an Indexed Job, e.g. with trainhook render")
+    manifest = parse_manifest(LABELED_DEPLOYMENT.split("---")[1], "web.yaml")
+    assert manifest.ignored == ["Deployment/web (apps/v1)"]

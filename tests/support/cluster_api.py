@@ -62,8 +62,9 @@ def webhook_configuration(ca_pem: bytes, url: str, timeout_seconds: int = 10) ->
     """The trainhook MutatingWebhookConfiguration (admissionregistration.k8s.io/v1) for a webhook at `url`
     (`https://HOST:PORT/mutate`), trusting `ca_pem`: the chart's two fail-closed webhooks (without its scale
     check), registered for exactly the operations the webhook mutates (mutate.MUTATED_OPERATIONS: pods at
-    CREATE only, as the chart does, so a pod's updates never depend on the webhook being up)."""
-    from trainhook.webhook.admission.mutate import MUTATED_OPERATIONS
+    CREATE only, as the chart does, so a pod's updates never depend on the webhook being up) or refuses
+    (mutate.REFUSED_OPERATIONS: the kinds that never make a gang)."""
+    from trainhook.webhook.admission.mutate import MUTATED_OPERATIONS, REFUSED_OPERATIONS
 
     def rule(group: str, resource: str, kind: str) -> dict:
         return {"apiGroups": [group], "apiVersions": ["v1"], "resources": [resource],
@@ -85,7 +86,13 @@ def webhook_configuration(ca_pem: bytes, url: str, timeout_seconds: int = 10) ->
                 "name": "workloads.trainhook.dev",
                 "objectSelector": {"matchExpressions": [{"key": "trainhook.dev/framework", "operator": "Exists"}]},
                 "rules": [rule("", "pods", "Pod"), rule("apps", "statefulsets", "StatefulSet"),
-                          rule("batch", "jobs", "Job")],
+                          rule("batch", "jobs", "Job"),
+                          *[{"apiGroups": [group], "apiVersions": ["v1"], "resources": [resource],
+                             "operations": list(REFUSED_OPERATIONS[kind])}
+                            for group, resource, kind in (("apps", "deployments", "Deployment"),
+                                                          ("apps", "replicasets", "ReplicaSet"),
+                                                          ("apps", "daemonsets", "DaemonSet"),
+                                                          ("", "replicationcontrollers", "ReplicationController"))]],
                 **common,
             },
             {

@@ -93,6 +93,11 @@ START_TIME = PREFIX + "start-time"  # when the gang's first attempt started, RFC
 LAST_LINES = PREFIX + "last-lines"  # JSON [{"rank", "pod", "lines"}]: the deciding rank's and rank 0's last lines
 OUTCOME_ANNOTATIONS = (PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE, PHASE_RANK, PHASE_POD, ATTEMPTS, START_TIME,
                        LAST_LINES)
+# A running gang's progress, as its training reports it (issue 33, docs/use/progress.md): written by the notary on
+# the gang's workloads from what rank 0's launcher forwards (launcher/progress.py, webhook/notary/progress.py).
+PROGRESS = PREFIX + "progress"  # one human-readable line (annotation); a label "42pct"/"step-420" for kubectl get -L
+PROGRESS_DETAIL = PREFIX + "progress-detail"  # JSON: percent, step, totalSteps, epoch, etaSeconds, metrics, time
+PROGRESS_ANNOTATIONS = (PROGRESS, PROGRESS_DETAIL)
 
 # --- What gang schedulers read on pods (set by the webhook; their objects come from `trainhook render`) --------
 # Kueue's plain-pod group integration (kueue.x-k8s.io, v0.6+).
@@ -114,6 +119,15 @@ JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # webhook parses the ordinal from the pod name instead).
 STATEFULSET_POD_NAME = "statefulset.kubernetes.io/pod-name"
 GPU_RESOURCE = "nvidia.com/gpu"
+
+# --- The kinds a gang is made of (contract section 1) -----------------------------------------------------------
+# Kinds whose pods have a stable name and index (a rank) and an address a peer can resolve before they run.
+SUPPORTED_KINDS = "StatefulSet, Job (Indexed), Pod, Service"
+# Kinds that make pods but not a gang (no stable index for a rank, no stable address): labeled for training, they
+# are refused by name, at admission and by the CLI, instead of being taken as any unknown kind.
+UNSUPPORTED_KINDS = ("Deployment", "ReplicaSet", "DaemonSet", "ReplicationController")
+UNSUPPORTED_KIND_FIX = ("make it a StatefulSet (with a headless Service as its serviceName) or an Indexed Job, e.g. "
+                        "with trainhook render")
 
 # --- Frameworks and roles (contract section 2) ----------------------------------------------------------------
 PYTORCH, TENSORFLOW, MPI, XGBOOST, JAX, PADDLE, MXNET = (
@@ -227,6 +241,9 @@ TH_FAILURE_SETTLE = "TRAINHOOK_FAILURE_SETTLE"
 # gang restarts so far (attempt - 1).
 TH_ATTEMPT = "TRAINHOOK_ATTEMPT"
 TH_RESTARTS = "TRAINHOOK_RESTARTS"
+# Given by rank 0's gang-aware launcher to its training command (launcher/progress.py): the file the training may
+# append JSON lines of progress and metrics to; the launcher forwards the latest through the notary.
+TH_PROGRESS_FILE = "TRAINHOOK_PROGRESS_FILE"
 
 # --- The notary (issue 22, docs/operate/security.md) ------------------------------------------------------------------
 # The pod's identity: a projected serviceAccountToken (audience IDENTITY_AUDIENCE) the webhook mounts read-only at

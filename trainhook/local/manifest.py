@@ -131,6 +131,35 @@ def kubeflow_hint(kind: tuple[str, str]) -> str:
     return "; a Kubeflow job: run `trainhook convert` on it first" if kind[0].startswith("kubeflow.org/") else ""
 
 
+def _labels(meta: object) -> dict:
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    return labels if isinstance(labels, dict) else {}
+
+
+def labeled_for_training(obj: dict) -> str:
+    """Where `obj` carries trainhook.dev/framework: "" (nowhere), "it" or "its pod template"."""
+    if keys.FRAMEWORK in _labels(obj.get("metadata")):
+        return "it"
+    spec = obj.get("spec")
+    template = spec.get("template") if isinstance(spec, dict) else None
+    if isinstance(template, dict) and keys.FRAMEWORK in _labels(template.get("metadata")):
+        return "its pod template"
+    return ""
+
+
+def unsupported_kind_problem(obj: dict, path: str) -> str | None:
+    """The refusal of a Deployment, ReplicaSet, DaemonSet or ReplicationController labeled for training (on itself
+    or its pod template), as explain, submit and `trainhook local` give it (the webhook refuses it at admission)."""
+    kind = str(obj.get("kind", ""))
+    where = labeled_for_training(obj) if kind in keys.UNSUPPORTED_KINDS else ""
+    if not where:
+        return None
+    name = (obj.get("metadata") or {}).get("name") or "?"
+    return (f"{path}: {kind.lower()}/{name}: {where} is labeled {keys.FRAMEWORK}, but {kind} is an unsupported kind: "
+            "trainhook does not wire it (its pods have no stable index for a rank, nor an address a peer can "
+            f"resolve); the supported kinds are {keys.SUPPORTED_KINDS}: {keys.UNSUPPORTED_KIND_FIX}")
+
+
 def parse_manifest(text: str, path: str = "<manifest>", namespace: str | None = None) -> Manifest:
     """Parse manifest text; raises ManifestError with the place of the first problem (every misspelled or
     misplaced trainhook.dev/ key at once, `key_problems`)."""
@@ -140,6 +169,10 @@ def parse_manifest(text: str, path: str = "<manifest>", namespace: str | None = 
     for raw in _flatten(yaml_documents(text, path, ManifestError), path):
         kind = type_of(raw)
         if kind not in SUPPORTED:
+            refused = unsupported_kind_problem(raw, path)
+            if refused:
+                typos.append(refused)
+                continue
             name = (raw.get("metadata") or {}).get("name", "?")
             manifest.ignored.append(f"{kind[1]}/{name} ({kind[0]}{kubeflow_hint(kind)})")
             continue

@@ -9,30 +9,9 @@ and `submit -f` refuse it instead, naming the kind and the supported ones (the w
 
 from __future__ import annotations
 
-from trainhook.gang import keys
-from trainhook.local.manifest import ManifestError
+from trainhook.local.manifest import ManifestError, unsupported_kind_problem
 from trainhook.yaml_stream import yaml_documents
 
-# Kinds that make pods but not a gang: no stable index for a rank, no stable address (the API group does not
-# matter: an extensions/v1beta1 Deployment is the same).
-UNSUPPORTED_KINDS = ("Deployment", "ReplicaSet", "DaemonSet", "ReplicationController")
-SUPPORTED = "StatefulSet, Job (Indexed), Pod, Service"
-
-
-def _labels(meta: object) -> dict:
-    labels = meta.get("labels") if isinstance(meta, dict) else None
-    return labels if isinstance(labels, dict) else {}
-
-
-def labeled_for_training(obj: dict) -> str:
-    """Where `obj` carries trainhook.dev/framework: "" (nowhere), "it" or "its pod template"."""
-    if keys.FRAMEWORK in _labels(obj.get("metadata")):
-        return "it"
-    spec = obj.get("spec")
-    template = spec.get("template") if isinstance(spec, dict) else None
-    if isinstance(template, dict) and keys.FRAMEWORK in _labels(template.get("metadata")):
-        return "its pod template"
-    return ""
 
 
 def objects_of(docs: list[object]) -> list[dict]:
@@ -47,18 +26,7 @@ def objects_of(docs: list[object]) -> list[dict]:
 
 
 def unsupported_problems(objects: list[dict], path: str) -> list[str]:
-    problems = []
-    for obj in objects:
-        kind = str(obj.get("kind", ""))
-        where = labeled_for_training(obj) if kind in UNSUPPORTED_KINDS else ""
-        if where:
-            name = (obj.get("metadata") or {}).get("name") or "?"
-            problems.append(f"{path}: {kind.lower()}/{name}: {where} is labeled {keys.FRAMEWORK}, but {kind} is an "
-                            "unsupported kind: trainhook does not wire it (its pods have no stable index for a rank, "
-                            f"nor an address a peer can resolve); the supported kinds are {SUPPORTED}: make it a "
-                            "StatefulSet (with a headless Service as its serviceName) or an Indexed Job, e.g. with "
-                            "trainhook render")
-    return problems
+    return [problem for problem in (unsupported_kind_problem(obj, path) for obj in objects) if problem]
 
 
 def check_kinds(text: str, path: str) -> None:

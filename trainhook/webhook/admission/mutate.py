@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainhook.gang import keys
-from trainhook.webhook.admission.member import Denied
+from trainhook.webhook.admission.member import Denied, Problems
 from trainhook.webhook.admission.pods import mutate_pod
 from trainhook.webhook.settings import Settings
 from trainhook.webhook.admission.workloads import mutate_job, mutate_service, mutate_statefulset
@@ -19,6 +19,8 @@ from trainhook.webhook.admission.workloads import mutate_job, mutate_service, mu
 GATES = {"Pod": keys.FRAMEWORK, "StatefulSet": keys.FRAMEWORK, "Job": keys.FRAMEWORK, "Service": keys.JOB_NAME}
 MUTATED_OPERATIONS = {"Pod": ("CREATE",), "StatefulSet": ("CREATE", "UPDATE"), "Job": ("CREATE", "UPDATE"),
                       "Service": ("CREATE", "UPDATE")}
+# Kinds refused when labeled for training (the chart registers them too): they make pods but never a gang.
+REFUSED_OPERATIONS = {kind: ("CREATE", "UPDATE") for kind in keys.UNSUPPORTED_KINDS}
 
 
 @dataclass
@@ -54,8 +56,31 @@ def key_warnings(kind: str, obj: dict) -> list[str]:
     return found
 
 
+def unsupported_kind(kind: str, obj: dict) -> Problems:
+    """The refusal of a Deployment, ReplicaSet, DaemonSet or ReplicationController labeled for training, on itself
+    or on its pod template: taken as any unknown kind it would be admitted untouched and its pods refused one by one
+    for a shape they cannot have, which names neither the kind nor the fix."""
+    problems = Problems()
+    spec = obj.get("spec")
+    template = _metadata(spec.get("template") if isinstance(spec, dict) else None)
+    for where, meta in (("metadata.labels", _metadata(obj)), ("spec.template.metadata.labels", template)):
+        labels = meta.get("labels")
+        if isinstance(labels, dict) and keys.FRAMEWORK in labels:
+            problems.add(f"{where}.{keys.FRAMEWORK}", labels[keys.FRAMEWORK],
+                         f"{kind} is an unsupported kind: trainhook does not wire it (its pods have no stable index "
+                         f"for a rank, nor an address a peer can resolve); the supported kinds are "
+                         f"{keys.SUPPORTED_KINDS}", keys.UNSUPPORTED_KIND_FIX)
+            break
+    return problems
+
+
 def mutate(kind: str, operation: str, obj: dict, namespace: str, settings: Settings) -> Mutation:
     """Wire `obj` into its gang; raise Denied with every problem when a labeled object cannot work."""
+    if operation in REFUSED_OPERATIONS.get(kind, ()):
+        problems = unsupported_kind(kind, obj)
+        if problems:
+            raise Denied(problems)
+        return Mutation(obj)
     if operation not in MUTATED_OPERATIONS.get(kind, ()):
         return Mutation(obj)
     if not is_opted_in(kind, obj):  # reaches here only without the chart's objectSelector: a typo is still told

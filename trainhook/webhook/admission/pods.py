@@ -38,6 +38,11 @@ def locate(pod: dict, problems: Problems) -> tuple[str, str, int | None]:
     meta = pod.get("metadata", {})
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     kind, owner = controller_of(pod)
+    if kind in keys.UNSUPPORTED_KINDS:  # a Deployment's (through its ReplicaSet), a DaemonSet's: never a gang
+        problems.add(f"ownerReferences[{kind}]", owner, f"the pod's controller is a {kind}, an unsupported kind: its "
+                     f"pods have no stable index for a rank; the supported kinds are {keys.SUPPORTED_KINDS}",
+                     keys.UNSUPPORTED_KIND_FIX)
+        return kind, owner, None
     if kind == "StatefulSet":
         match = ORDINAL.match(meta.get("name") or "")
         if not match or match[1] != owner:
@@ -258,7 +263,10 @@ def set_address(pod: dict, member: Member, problems: Problems) -> None:
     them from their controller)."""
     spec = pod["spec"]
     hostname = f"{member.hosts[member.role]}-{member.index}"
-    if len(hostname) > 63 or not DNS_LABEL.match(hostname):
+    if hostname != hostname.lower():  # the length is not what is wrong: say what is
+        problems.add("spec.hostname", hostname, "the pod's address must be lower case (an RFC 1123 DNS label)",
+                     f"write {keys.JOB_NAME} and the workload's name in lower case, e.g. {hostname.lower()!r}")
+    elif len(hostname) > 63 or not DNS_LABEL.match(hostname):
         problems.add("spec.hostname", hostname, "the pod's address is not a DNS label of at most 63 characters",
                      f"shorten {keys.JOB_NAME} or the workload's name")
     current = spec.get("hostname")
