@@ -1,4 +1,5 @@
-"""The launcher's client of the notary (docs/operate/security.md): the gang's key, its recorded outcome, its Events.
+"""The launcher's client of the notary (docs/operate/security.md): the gang's key, its recorded outcome, its Events,
+its progress.
 
 A gang pod holds no Kubernetes permission and no secret in its spec or environment. What it has is a projected
 ServiceAccount token of audience `trainhook` that the kubelet writes (and refreshes) in keys.IDENTITY_DIR; the
@@ -129,6 +130,11 @@ class NotaryClient:
     def emit_event(self, type_: str, reason: str, message: str) -> None:
         """POST /v1/event (the coordinator only): an Event on the gang's workloads."""
         self.call("POST", "/v1/event", {"type": type_, "reason": reason, "message": message})
+
+    def report_progress(self, detail: dict) -> None:
+        """POST /v1/progress (the coordinator only): the training's newest progress report (launcher/progress.py
+        normalize), which the notary writes on the gang's workload; HTTP 429 when sent faster than it allows."""
+        self.call("POST", "/v1/progress", {"progress": detail})
 
     # --- plumbing ---------------------------------------------------------------------------------------------
     def _outcome(self, data: object) -> Outcome:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from trainhook.gang import keys
 from trainhook.launcher import ending
 from trainhook.launcher.coordination import failure_cause
-from trainhook.launcher import notary_client
+from trainhook.launcher import notary_client, progress
 from trainhook.launcher.pod_view import ConfigError, GangView, parse_gang
 from trainhook.launcher.coordination.link import Link
 from trainhook.launcher.coordination.report import DONE, EXITED, RUNNING, STOPPED, Report
@@ -84,6 +84,7 @@ class MemberLauncher:
         self.pid1 = os.getpid() == 1
         self.error_directory: str | None = None  # error_dir(); removed when the launcher ends
         self.error_file, self.started_at = "", 0.0
+        self.progress: progress.Forwarder | None = None
 
     # --- entry ------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -134,6 +135,8 @@ class MemberLauncher:
         if self.outcome is not None:
             say(f"not running the training: {self.outcome.summary()}")
             return self.finalize(announce=False)
+        if self.coordinator is not None and self.notary is not None:  # rank 0 forwards the training's progress
+            self.progress = progress.watch(self.env, self.notary.report_progress)
         while True:
             try:
                 event = self.events.get(timeout=POLL)
@@ -329,6 +332,7 @@ class MemberLauncher:
         Rank 0 first waits (a while) for every member to hear the outcome it `announce`s."""
         outcome = self.outcome
         assert outcome is not None
+        progress.stop(self.progress)  # the training's last report lands before the outcome is recorded
         self.report.status, self.report.outcome = DONE, outcome.to_dict()
         self.link.update(self.report)
         self.link.quiet = True

@@ -25,6 +25,7 @@ import collections
 import datetime as dt
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -38,6 +39,8 @@ from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, Gang, Identity,
 from trainhook.webhook.notary.records import (BadBody, event, outcome_message, parse_event, parse_outcome,
                                               rank_pods, record_patch, recorded_outcome, same_record)
 from trainhook.webhook.notary.authority import Authority, Conflict, Unreachable
+from trainhook.webhook.notary import progress as notary_progress
+from trainhook.webhook.notary.metrics import NotaryMetrics
 
 log = logging.getLogger("trainhook.webhook.notary")
 
@@ -86,9 +89,10 @@ class Notary:
 
     def __init__(self, authority: Authority, key: bytes | Callable[[], bytes],
                  now=lambda: dt.datetime.now(dt.timezone.utc), reviews: ReviewCache | None = None,
-                 anchors: SharedReads | None = None):
+                 anchors: SharedReads | None = None, metrics: NotaryMetrics | None = None):
         """`key` is the gang key, or a function returning the current one (the webhook's Settings hold it, and
-        may adopt a new one while serving). `reviews` and `anchors`: what it remembers (webhook/notary/cache.py)."""
+        may adopt a new one while serving). `reviews` and `anchors`: what it remembers (webhook/notary/cache.py).
+        `metrics`: the gang metrics it counts (webhook/notary/metrics.py), in the webhook's registry when given."""
         self.reviews = ReviewCache() if reviews is None else reviews  # (an empty cache is falsy: no `or`)
         self.anchors = SharedReads() if anchors is None else anchors
         self.key_now = key if callable(key) else (lambda: key)
@@ -97,6 +101,8 @@ class Notary:
         self.authority, self.now = authority, now
         self.refusals = RefusalLog()
         self.bare_outcomes: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self.metrics = NotaryMetrics() if metrics is None else metrics
+        self.progress_gate = notary_progress.Gate()  # at most one progress write per gang every few seconds
 
     async def verify(self, token: str, shared: bool = False) -> Verified:
         """Who sent the request, and their gang (Refusal otherwise). The requester's pod is always read afresh.
@@ -299,6 +305,12 @@ def handler(action, shared: bool = False):
     `shared`: the action may be judged on a recent copy of the gang's anchor (Notary.verify says when)."""
 
     async def handle(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        response = await answer(request)
+        request.app[NOTARY].metrics.answered(request.path, response.status, time.perf_counter() - started)
+        return response
+
+    async def answer(request: web.Request) -> web.Response:
         notary = request.app[NOTARY]
         who = request.remote or "?"
         try:
@@ -325,6 +337,10 @@ def coordinator_only(verified: Verified, what: str) -> None:
 
 
 async def credential(notary: Notary, verified: Verified, body: object) -> dict:
+    gang = verified.gang
+    if gang.coordinator and notary.current_outcome(verified) is None:  # rank 0's launcher starting: a gang start
+        created = ((verified.anchor_workload or {}).get("metadata") or {}).get("creationTimestamp")
+        notary.metrics.gang_started(gang.gang_id, gang.namespace, gang.job, verified.place.member.framework, created)
     return notary.credential(verified)
 
 
@@ -335,13 +351,19 @@ async def get_outcome(notary: Notary, verified: Verified, body: object) -> dict:
 async def post_outcome(notary: Notary, verified: Verified, body: object) -> dict:
     outcome = parse_outcome(body)
     coordinator_only(verified, "record the gang's outcome")
-    return {"outcome": await notary.record(verified, outcome)}
+    recorded = await notary.record(verified, outcome)
+    gang = verified.gang
+    notary.metrics.gang_finished(gang.gang_id, gang.namespace, gang.job, verified.place.member.framework,
+                                 {**recorded, "started": recorded.get("started") or outcome.get("started")})
+    return {"outcome": recorded}
 
 
 async def post_event(notary: Notary, verified: Verified, body: object) -> dict:
     kind, reason, message = parse_event(body)
     coordinator_only(verified, "emit the gang's events")
     await notary.emit(verified, kind, reason, message)
+    if reason == "GangRestarted":
+        notary.metrics.gang_restarted(verified.gang.namespace, verified.place.member.framework)
     return {"emitted": reason}
 
 
@@ -352,4 +374,5 @@ def create_app(notary: Notary) -> web.Application:
     app.router.add_get("/v1/outcome", handler(get_outcome))
     app.router.add_post("/v1/outcome", handler(post_outcome))
     app.router.add_post("/v1/event", handler(post_event))
+    app.router.add_post("/v1/progress", handler(notary_progress.post_progress))
     return app
