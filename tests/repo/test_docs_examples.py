@@ -36,7 +36,7 @@ from rendered import validate_objects
 from test_docs_commands import DOCS, ROOT, Shown, _fenced_commands, _synopsis
 
 BIN = Path(sys.executable).parent
-RUN = ("render", "convert", "explain")
+RUN = ("render", "convert", "explain", "--version")
 PRINTS_MANIFESTS = ("render", "convert")
 NOT_RUN = {
     "local": "needs root and network namespaces (tests/local runs it)",
