@@ -187,15 +187,22 @@ class Cluster:
         except ApiException as e:
             raise api_error(e, f"{obj['kind'].lower()}/{obj['metadata'].get('name')}") from e
 
-    def list_objects(self, api_version: str, kind: str, selector: str, namespace: str | None = None) -> list[dict]:
-        """Objects of one kind matching a label selector; a kind the cluster does not serve lists nothing."""
+    def list_objects(self, api_version: str, kind: str, selector: str, namespace: str | None = None,
+                     everywhere: bool = False) -> list[dict]:
+        """Objects of one kind matching a label selector (in every namespace with `everywhere`); a kind the
+        cluster does not serve lists nothing."""
         from kubernetes.client.exceptions import ApiException
 
         namespace = namespace or self.namespace
         group, version = split_api_version(api_version)
         plural = PLURALS[(api_version, kind)]
         try:
-            if not group:
+            if everywhere:
+                answer = (self._call(getattr(self.core, f"list_{snake(kind)}_for_all_namespaces"),
+                                     label_selector=selector) if not group else
+                          self._call(self.custom.list_cluster_custom_object, group, version, plural,
+                                     label_selector=selector))
+            elif not group:
                 lister = getattr(self.core, f"list_namespaced_{snake(kind)}")
                 answer = self._call(lister, namespace, label_selector=selector)
             else:
@@ -247,6 +254,25 @@ class Cluster:
             found.setdefault(workload_job_name(workload), GangObjects()).workloads.append(workload)
         for pod in self.list_objects("v1", "Pod", keys.JOB_NAME):
             found.setdefault(pod["metadata"]["labels"][keys.JOB_NAME], GangObjects()).pods.append(pod)
+        return dict(sorted(found.items()))
+
+    def gangs_where(self, selector: str = "", everywhere: bool = False) -> dict[tuple[str, str], GangObjects]:
+        """`trainhook list`'s gangs by (namespace, name): of this namespace, or of all (`everywhere`); with a label
+        `selector`, those with a workload that matches it (a bare-Pod gang: a pod that matches it)."""
+        extra = f",{selector}" if selector else ""
+        found: dict[tuple[str, str], GangObjects] = {}
+        for api_version, kind in (("apps/v1", "StatefulSet"), ("batch/v1", "Job")):
+            for workload in self.list_objects(api_version, kind, keys.FRAMEWORK + extra, everywhere=everywhere):
+                key = (workload["metadata"].get("namespace") or self.namespace, workload_job_name(workload))
+                found.setdefault(key, GangObjects()).workloads.append(workload)
+        matching = ({(p["metadata"].get("namespace") or self.namespace, p["metadata"]["labels"][keys.JOB_NAME])
+                     for p in self.list_objects("v1", "Pod", keys.JOB_NAME + extra, everywhere=everywhere)
+                     if not p["metadata"].get("ownerReferences")}
+                    if selector else None)
+        for pod in self.list_objects("v1", "Pod", keys.JOB_NAME, everywhere=everywhere):
+            key = (pod["metadata"].get("namespace") or self.namespace, pod["metadata"]["labels"][keys.JOB_NAME])
+            if key in found or matching is None or key in matching:
+                found.setdefault(key, GangObjects()).pods.append(pod)
         return dict(sorted(found.items()))
 
     def delete_gang(self, name: str) -> list[str]:

@@ -171,24 +171,56 @@ def status_main(args: argparse.Namespace) -> int:
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = "The gangs of a namespace (everything labeled trainhook.dev/job-name)."
+    parser.description = ("The gangs of a namespace (everything labeled trainhook.dev/job-name), with their pods, "
+                          "outcome, progress (the training's last report), duration and age (trainhook/cluster/"
+                          "listing.py says each column).")
     add_connection_arguments(parser)
+    parser.add_argument("-A", "--all-namespaces", action="store_true", help="the gangs of every namespace")
+    parser.add_argument("-l", "--selector", default="", help="only gangs whose workload matches this label "
+                        "selector (kubectl's syntax, e.g. team=vision,tier!=batch)")
+    parser.add_argument("-o", "--output", choices=("wide", "json", "yaml"), help="wide: also workloads, last "
+                        "metrics and detail; json|yaml: every field of each gang")
+    parser.add_argument("-w", "--watch", action="store_true", help="after the list, a row for each gang that "
+                        "changes, until interrupted")
+    parser.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="seconds between two looks "
+                        "with --watch")
 
 
 def list_main(args: argparse.Namespace) -> int:
-    from trainhook.cluster.client import ClusterError
-    from trainhook.cluster.status import format_list, gang_state
+    import datetime as dt
 
+    from trainhook.cluster.client import ClusterError
+    from trainhook.cluster.listing import format_gangs, watch
+    from trainhook.cluster.status import gang_state
+
+    output = args.output or "table"
     try:
         cluster = connect(args)
         try:
-            gangs = cluster.gangs()
+            def look():
+                gangs = cluster.gangs_where(args.selector, args.all_namespaces)
+                return [gang_state(name, namespace, g.workloads, g.pods) for (namespace, name), g in gangs.items()]
+
+            def now() -> dt.datetime:
+                return dt.datetime.now(dt.timezone.utc)
+
+            if not args.watch:
+                print(format_gangs(look(), output, now(), args.all_namespaces))
+                return 0
+
+            def pause() -> bool:
+                time.sleep(max(0.1, args.interval))
+                return True
+
+            try:
+                watch(look, lambda text: print(text, flush=True), output, now, pause, args.all_namespaces)
+            except KeyboardInterrupt:
+                pass
+            return 0
         finally:
             cluster.close()
     except ClusterError as e:
         return _error(str(e))
-    print(format_list([gang_state(name, cluster.namespace, g.workloads, g.pods) for name, g in gangs.items()]))
-    return 0
 
 
 # --- logs ---------------------------------------------------------------------------------------------------

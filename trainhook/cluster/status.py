@@ -73,6 +73,9 @@ class GangState:
     outcome: str = "NotFound"  # Pending, Starting, Running, Succeeded, Failed, NotFound
     detail: str = ""  # the phase annotation's text, or why the gang failed
     recorded: Recorded | None = None  # what the notary recorded with the outcome (None: nothing, or no notary)
+    progress: dict | None = None  # the training's last report as the notary recorded it (docs/use/progress.md)
+    created: str = ""  # the earliest creationTimestamp of its workloads (else pods), RFC 3339
+    started: str = ""  # when its first attempt started (recorded), else when its first pod started
 
     @property
     def finished(self) -> bool:
@@ -255,6 +258,25 @@ def outcome(workloads: list[dict], pods: list[PodState], size: int) -> tuple[str
     return "Pending", f"{len(pods)}/{size} pods created"
 
 
+def gang_progress(workloads: list[dict]) -> dict | None:
+    """The newest progress recorded on the gang's workloads (keys.PROGRESS_DETAIL, with the human-readable
+    keys.PROGRESS line as `summary`); None when the training reported none. Unreadable values are left out."""
+    found = []
+    for workload in workloads:
+        annotations = (workload.get("metadata") or {}).get("annotations") or {}
+        try:
+            detail = json.loads(annotations.get(keys.PROGRESS_DETAIL) or "null")
+        except ValueError:
+            continue
+        if isinstance(detail, dict):
+            found.append({**detail, "summary": str(annotations.get(keys.PROGRESS) or "")})
+    return max(found, key=lambda d: str(d.get("time") or ""), default=None)
+
+
+def _earliest(objects: list[dict], read) -> str:
+    return min((str(v) for v in map(read, objects) if v), default="")
+
+
 def gang_state(name: str, namespace: str, workloads: list[dict], pods: list[dict]) -> GangState:
     states = sorted((pod_state(p) for p in pods),
                     key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.name))
@@ -263,9 +285,14 @@ def gang_state(name: str, namespace: str, workloads: list[dict], pods: list[dict
     found += [((p.get("metadata") or {}).get("labels") or {}).get(keys.FRAMEWORK) for p in pods]
     framework = next((f for f in found if f), "")
     result, detail = outcome(workloads, states, size)
+    recorded = gang_record(workloads)
+    created = _earliest(workloads or pods, lambda o: (o.get("metadata") or {}).get("creationTimestamp"))
+    started = (recorded.started if recorded else "") or _earliest(pods, lambda p: (p.get("status") or {})
+                                                                  .get("startTime"))
     return GangState(name=name, namespace=namespace, framework=framework, shape=shape, size=size,
                      workloads=[f"{w.get('kind', '').lower()}/{w['metadata']['name']}" for w in workloads],
-                     pods=states, outcome=result, detail=detail, recorded=gang_record(workloads))
+                     pods=states, outcome=result, detail=detail, recorded=recorded,
+                     progress=gang_progress(workloads), created=created, started=started)
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
@@ -284,6 +311,7 @@ def format_status(state: GangState) -> str:
     rows += [(p.name, p.role or "-", "-" if p.rank is None else str(p.rank), p.phase, p.ready, str(p.restarts),
               p.reason or "-") for p in state.pods]
     lines = [head, f"workloads: {', '.join(state.workloads) or '-'}"]
+    lines += format_progress(state.progress)
     if state.recorded is not None:
         lines += format_recorded(state.recorded)
     if state.pods:
@@ -296,6 +324,17 @@ def format_status(state: GangState) -> str:
     else:
         lines.append("no pods yet")
     return "\n".join(lines)
+
+
+def format_progress(progress: dict | None) -> list[str]:
+    """The training's last report: `progress: 42% (step 420/1000), ... (reported T)` and its metrics, one line."""
+    if not progress:
+        return []
+    line = f"progress: {progress.get('summary') or '-'}" + (f" (reported {progress['time']})"
+                                                           if progress.get("time") else "")
+    metrics = progress.get("metrics") if isinstance(progress.get("metrics"), dict) else {}
+    shown = " ".join(f"{k}={v:g}" for k, v in metrics.items() if isinstance(v, (int, float)))
+    return [line] + ([f"last metrics: {shown}"] if shown else [])
 
 
 def format_recorded(recorded: Recorded) -> list[str]:
