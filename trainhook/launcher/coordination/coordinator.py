@@ -1,16 +1,30 @@
 """The gang's coordinator on the network: rank 0's launcher serves its gang's members over TCP.
 
 Why a module of its own: the decisions are coordinator_rules.CoordinatorState's, pure; this is their transport, a TCP
-server on the coordinator port (29497) speaking gang_protocol (greeting, nonces, signed messages), one thread per member
-connection and one for time, everything under one lock. Only rank 0 imports it (gang_run), so a member's start
-never loads it. The rules it carries out are coordinator_rules.py's docstring (contract section 7).
+server on the coordinator port (29497) speaking the gang's wire (wire.py: greeting, nonces, signed messages). Only
+rank 0 imports it (member_run), so a member's start never loads it. The rules it carries out are
+coordinator_rules.py's docstring (contract section 7).
+
+Why one thread (issue 32): a gang of 10,000 members is 10,000 connections. Until issue 32 each had a thread of its
+own, and every decision was written to every member's socket while the gang's lock was held, so one member that did
+not read held up the whole gang's decisions, and 10,000 threads' stacks and switches were the coordinator's cost.
+Here one `selectors` loop holds every socket, non-blocking: it reads lines as they come, decides under the lock (pure
+bookkeeping, no I/O), and takes the messages out of the lock before it signs them and queues them on each
+connection, written as each socket can take them. A member that stops reading loses its connection once
+OUT_LIMIT bytes wait for it (it reconnects and is told the state again), never the gang's time. The threads are a
+fixed number (this loop; a caller's wait_delivered), whatever the gang's size.
 """
 
 from __future__ import annotations
 
+import errno
+import hmac
+import hashlib
+import selectors
 import socket
 import threading
 import time
+from collections import deque
 from typing import Callable
 
 from trainhook.launcher import wire
@@ -19,18 +33,37 @@ from trainhook.launcher.wire import set_keepalive
 from trainhook.launcher.coordination.report import Report
 from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
 from trainhook.launcher.outcome import Outcome
-from trainhook.launcher.coordination.pending import PendingConnections
+from trainhook.launcher.coordination.pending import WATCH_INTERVAL, PendingConnections
 from trainhook.launcher.policy import GangPolicy
 from trainhook.launcher.reach import listen
 from trainhook.launcher.speak import speaker
 
 TICK = 0.5
+ACCEPT_BURST = 256  # connections accepted per wake-up before the loop serves what is already connected
+OUT_LIMIT = 4 << 20  # bytes queued for one member before its connection is dropped (it does not read)
 say = speaker("coordinator")
 
 
+class Connection:
+    """One socket and where its conversation is: the greeting (no rank yet), the signed join (a nonce sent), or a
+    member's (`id` > 0)."""
+
+    __slots__ = ("sock", "peer", "inbuf", "out", "rank", "member_nonce", "nonce", "sent", "received", "id",
+                 "writing", "closed")
+
+    def __init__(self, sock: socket.socket, peer: str):
+        self.sock, self.peer = sock, peer
+        self.inbuf, self.out = bytearray(), bytearray()
+        self.rank = -1
+        self.member_nonce = self.nonce = ""
+        self.sent = self.received = self.id = 0
+        self.writing = self.closed = False
+
+
 class Coordinator:
-    """CoordinatorState behind a TCP server. All state changes happen under one lock, and the messages they produce
-    are sent before it is released, so every member sees them in the order they were decided."""
+    """CoordinatorState behind a TCP server run by one selectors loop. State changes happen under one lock; the
+    messages they produce leave the lock in the order they were decided, and each member's are written in that
+    order, so every member sees the decisions in the order they were made."""
 
     def __init__(self, gang: GangView, policy: GangPolicy, key: bytes, port: int,
                  log: Callable[[str], None] = say, clock: Callable[[], float] = time.time,
@@ -41,34 +74,50 @@ class Coordinator:
         self.notify = notify
         self.state = CoordinatorState(gang, policy, clock())
         self.lock = threading.Lock()
-        self.channels: dict[int, wire.Channel] = {}
+        self.changed = threading.Condition(self.lock)
+        self.members: dict[int, Connection] = {}  # connection id -> an authenticated member's connection
+        self.sendq: deque = deque()  # (connection id, body) decided, not yet signed and queued (lock held)
         self.next_id = 1
         self.stopping = threading.Event()
         self.server: socket.socket | None = None
-        self.changed = threading.Condition(self.lock)
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.pending = PendingConnections(self.say)
+        self.thread: threading.Thread | None = None
+        self.accept_paused_until = 0.0
 
     # --- lifecycle --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Listen (raises OSError when the port is taken) and serve on daemon threads."""
+        """Listen (raises OSError when the port is taken) and serve on one daemon thread."""
         self.server = listen(self.port)
+        self.server.setblocking(False)
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+        self.selector.register(self.server, selectors.EVENT_READ, None)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, None)
         members = (f"{self.gang.elastic[0]} to {self.gang.elastic[1]} members (elastic)" if self.gang.elastic
                    else f"the {self.gang.size} members")
         self.say(f"listening on port {self.port} for {members} of {self.gang.namespace}/{self.gang.job_name}")
-        threading.Thread(target=self._accept, daemon=True, name="coordinator-accept").start()
-        threading.Thread(target=self._ticker, daemon=True, name="coordinator-tick").start()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="coordinator")
+        self.thread.start()
 
     def close(self) -> None:
+        """Stop serving: every connection and the port are closed when this returns (from another thread)."""
         self.stopping.set()
-        if self.server is not None:
-            self.server.close()
-        with self.lock:
-            for channel in list(self.channels.values()):
-                channel.close()
+        self._wake()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(5.0)
+        elif self.thread is None:
+            if self.server is not None:
+                self.server.close()
+            self.wake_r.close()
+            self.wake_w.close()
 
     def adopt(self, outcome: Outcome, source: str) -> None:
         with self.lock:
             self.state.adopt(outcome, source)
             self._flush()
+        self._wake()
 
     def wait_delivered(self, timeout: float) -> bool:
         """Block until every member acknowledged the outcome (or `timeout`)."""
@@ -81,9 +130,14 @@ class Coordinator:
                 self.changed.wait(min(left, 0.5))
         return True
 
-    # --- plumbing ---------------------------------------------------------------------------------------------
+    def threads(self) -> int:
+        """The threads this coordinator runs (one, whatever the gang's size): what bench/gang_scale_sim reports."""
+        return 1 if self.thread is not None and self.thread.is_alive() else 0
+
+    # --- decisions out ----------------------------------------------------------------------------------------
     def _flush(self) -> None:
-        """Log and send what the state produced (lock held)."""
+        """Log what the state produced and take its messages out for the loop to send (lock held: no I/O here
+        beyond the log lines; the signing and writing happen after the lock is released, in _send)."""
         for line in self.state.log:
             self.say(line)
         self.state.log.clear()
@@ -93,122 +147,252 @@ class Coordinator:
             for event in events:
                 notify(*event)
         outbox, self.state.outbox = self.state.outbox, []
-        for rank, body in outbox:
-            channel = self.channels.get(self.state.records[rank].connection)
-            if channel is None:
-                continue
-            try:
-                channel.send(body)
-            except OSError:
-                channel.close()  # its reader thread reports the loss
+        records = self.state.records
+        self.sendq.extend((records[rank].connection, body) for rank, body in outbox)
         self.changed.notify_all()
 
-    def _ticker(self) -> None:
-        while not self.stopping.wait(TICK):
-            with self.lock:
-                self.state.tick(self.clock())
-                self._flush()
+    def _send(self) -> None:
+        """Sign and queue what was decided, outside the lock (loop thread). A broadcast's body is one object, so
+        its canonical JSON is made once, not once per member."""
+        with self.lock:
+            if not self.sendq:
+                return
+            batch, self.sendq = self.sendq, deque()
+        texts: dict[int, str] = {}  # id(body) -> its canonical JSON (every body stays alive in `batch`)
+        touched: dict[int, Connection] = {}
+        for connection, body in batch:
+            conn = self.members.get(connection)
+            if conn is None or conn.closed:
+                continue
+            text = texts.get(id(body))
+            if text is None:
+                text = texts[id(body)] = wire.canonical(body)
+            self._queue(conn, self._signed(conn, text))
+            touched[connection] = conn
+        for conn in touched.values():
+            self._write(conn)
+
+    def _signed(self, conn: Connection, canonical_body: str) -> bytes:
+        """The signed line of wire.Channel.send, from the body's canonical JSON: {"body","mac","seq"} sorted."""
+        text = "|".join((wire.PROTOCOL, wire.TO_MEMBER, conn.nonce, conn.member_nonce, str(conn.sent),
+                         canonical_body))
+        mac = hmac.new(self.key, text.encode(), hashlib.sha256).hexdigest()
+        line = f'{{"body":{canonical_body},"mac":"{mac}","seq":{conn.sent}}}\n'.encode()
+        conn.sent += 1
+        return line
+
+    def _queue(self, conn: Connection, data: bytes) -> None:
+        conn.out += data
+        if len(conn.out) > OUT_LIMIT:
+            self.say(f"dropped the connection of {self.gang.peers[conn.rank]} from {conn.peer}: it read none of "
+                     f"the last {len(conn.out)} bytes sent to it")
+            self._drop(conn)
+
+    def _write(self, conn: Connection) -> None:
+        if conn.closed or not conn.out:
+            return
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._drop(conn)
+            return
+        del conn.out[:sent]
+        want = bool(conn.out)
+        if want != conn.writing:
+            conn.writing = want
+            self.selector.modify(conn.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), conn)
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        try:
+            self.wake_w.send(b"\0")
+        except OSError:
+            pass  # its buffer is full: the loop will wake anyway
+
+    def _loop(self) -> None:
+        next_tick = next_watch = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                timeout = max(0.0, min(next_tick, next_watch) - now)
+                for key, mask in self.selector.select(timeout):
+                    if key.fileobj is self.server:
+                        self._accept()
+                    elif key.fileobj is self.wake_r:
+                        try:
+                            self.wake_r.recv(4096)
+                        except OSError:
+                            pass
+                    else:
+                        conn = key.data
+                        if mask & selectors.EVENT_WRITE:
+                            self._write(conn)
+                        if mask & selectors.EVENT_READ and not conn.closed:
+                            self._read(conn)
+                    self._send()
+                self._send()
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + TICK
+                    with self.lock:
+                        self.state.tick(self.clock())
+                        self._flush()
+                    self._send()
+                if now >= next_watch:
+                    next_watch = now + WATCH_INTERVAL
+                    self.pending.expire()  # shuts the late ones down: their EOF closes them here
+                    if self.accept_paused_until and now >= self.accept_paused_until and self.server is not None:
+                        self.accept_paused_until = 0.0
+                        self.selector.register(self.server, selectors.EVENT_READ, None)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        for key in list(self.selector.get_map().values()):
+            if isinstance(key.data, Connection):
+                key.data.closed = True
+            try:
+                key.fileobj.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        self.selector.close()
+        self.wake_w.close()
+        with self.lock:
+            self.members.clear()
 
     def _accept(self) -> None:
-        """Accept until closed, whatever fails (a member restarted later must still find the coordinator);
+        """Accept what is waiting, whatever fails (a member restarted later must still find the coordinator);
         unauthenticated connections are bounded in number and time (launcher/coordination/pending.py)."""
         assert self.server is not None
-        self.pending = PendingConnections(self.say)
-        self.pending.watch(self.stopping)
-        while not self.stopping.is_set():
+        for _ in range(ACCEPT_BURST):
             try:
                 sock, address = self.server.accept()
-            except OSError as e:
-                if self.stopping.is_set():
-                    return
-                self.pending.refused("(accept)", f"accept failed: {e}")  # EMFILE and the like: try again
-                time.sleep(0.1)
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and the like: stop accepting for a moment, then try again
+                self.pending.refused("(accept)", f"accept failed: {e}")
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.selector.unregister(self.server)
+                    self.accept_paused_until = time.monotonic() + 0.1
+                return
             peer = address[0]
             if peer.startswith("::ffff:"):  # an IPv4 peer of the dual-stack socket, as people write it
                 peer = peer[len("::ffff:"):]
+            sock.setblocking(False)
+            conn = Connection(sock, peer)
+            self.selector.register(sock, selectors.EVENT_READ, conn)
             self.pending.add(sock)
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            chunk = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(conn)
+            return
+        conn.inbuf += chunk
+        try:
+            while not conn.closed:
+                end = conn.inbuf.find(b"\n")
+                if end < 0:
+                    if len(conn.inbuf) > wire.LINE_LIMIT:
+                        raise wire.RejectedMessage("a line longer than 64 KiB")
+                    return
+                line = bytes(conn.inbuf[:end])
+                del conn.inbuf[:end + 1]
+                self._line(conn, line)
+        except wire.RejectedMessage as e:
+            self._reject(conn, str(e))
+        except ValueError as e:
+            self._reject(conn, f"bad report: {e}")
+
+    def _reject(self, conn: Connection, why: str) -> None:
+        if conn.id:
+            self.say(f"refused a message on the connection of {self.gang.peers[conn.rank]} from {conn.peer}: {why}")
+        else:
+            self.pending.refused(conn.peer, why)  # at a bounded rate
             try:
-                threading.Thread(target=self._serve_pending, args=(sock, peer), daemon=True).start()
-            except RuntimeError as e:  # no thread to be had: this connection only is lost
-                self.pending.done(sock)
-                sock.close()
-                self.pending.refused(peer, f"cannot start a thread for it: {e}")
+                conn.sock.send(wire.canonical({"error": f"refused: {why}"}).encode() + b"\n")
+            except OSError:
+                pass
+        self._drop(conn)
 
-    def _serve_pending(self, sock: socket.socket, peer: str) -> None:
-        try:
-            self._serve(sock, peer)
-        finally:
-            self.pending.done(sock)
-
-    def _refuse(self, sock: socket.socket, peer: str, why: str) -> None:
-        self.pending.refused(peer, why)  # at a bounded rate
-        try:
-            wire.send_plain(sock, {"error": f"refused: {why}"})
-        except OSError:
-            pass
-        sock.close()
-
-    def _serve(self, sock: socket.socket, peer: str) -> None:
-        """One member's connection: greetings, its signed join, then its reports until it goes away."""
-        wire_sock = sock
-        try:
-            wire_sock.settimeout(wire.GREETING_TIMEOUT)
-            reader = wire.LineReader(wire_sock)
-            rank, member_nonce = wire.check_member_greeting(reader.read(), self.gang.namespace,
-                                                            self.gang.job_name, self.gang.size)
-            nonce = wire.new_nonce()
-            wire.send_plain(wire_sock, {"protocol": wire.PROTOCOL, "nonce": nonce})
-            channel = wire.Channel(wire_sock, reader, self.key, "coordinator", nonce, member_nonce)
-            body = channel.receive()
-            if body is None:
-                wire_sock.close()
-                return
-            if body.get("type") != "join" or body.get("rank") != rank:
-                raise wire.RejectedMessage(f"expected the join of rank {rank}, got {str(body)[:120]}")
+    def _line(self, conn: Connection, line: bytes) -> None:
+        """One line of a connection: its greeting, its signed join, or a member's signed message."""
+        if conn.rank < 0:
+            rank, conn.member_nonce = wire.check_member_greeting(wire.json_object(line), self.gang.namespace,
+                                                                 self.gang.job_name, self.gang.size)
+            conn.rank, conn.nonce = rank, wire.new_nonce()
+            conn.out += wire.canonical({"protocol": wire.PROTOCOL, "nonce": conn.nonce}).encode() + b"\n"
+            self._write(conn)
+            return
+        body = self._verified(conn, line)
+        kind = body.get("type")
+        if not conn.id:
+            if kind != "join" or body.get("rank") != conn.rank:
+                raise wire.RejectedMessage(f"expected the join of rank {conn.rank}, got {str(body)[:120]}")
             report = Report.from_dict(body.get("report"))
-            wire_sock.settimeout(None)
-            set_keepalive(wire_sock)
-            self.pending.done(wire_sock)  # authenticated: no handshake deadline any more
-        except wire.RejectedMessage as e:
-            self._refuse(wire_sock, peer, str(e))
+            self.pending.done(conn.sock)  # authenticated: no handshake deadline any more
+            try:
+                set_keepalive(conn.sock)
+            except OSError:
+                pass
+            with self.lock:
+                conn.id, self.next_id = self.next_id, self.next_id + 1
+                self.members[conn.id] = conn
+                self.state.joined(conn.rank, conn.id, report)
+                self._flush()
             return
-        except ValueError as e:
-            self._refuse(wire_sock, peer, f"bad report: {e}")
+        if kind == "leave":
+            with self.lock:
+                self.state.left(conn.rank, conn.id, str(body.get("why", ""))[:200])
+                self._flush()
             return
-        except OSError:
-            wire_sock.close()
-            return
+        if kind != "state":
+            raise wire.RejectedMessage(f"unexpected message {str(body)[:120]}")
+        report = Report.from_dict(body.get("report"))
         with self.lock:
-            connection, self.next_id = self.next_id, self.next_id + 1
-            self.channels[connection] = channel
-            self.state.joined(rank, connection, report)
-            self._flush()
-        try:
-            while True:
-                body = channel.receive()
-                if body is None:
-                    break
-                if body.get("type") == "leave":
-                    with self.lock:
-                        self.state.left(rank, connection, str(body.get("why", ""))[:200])
-                        self._flush()
-                    continue
-                if body.get("type") != "state":
-                    raise wire.RejectedMessage(f"unexpected message {str(body)[:120]}")
-                report = Report.from_dict(body.get("report"))
-                with self.lock:
-                    self.state.reported(rank, connection, report)
-                    self._flush()
-        except wire.RejectedMessage as e:
-            self.say(f"refused a message on the connection of {self.gang.peers[rank]} from {peer}: {e}")
-        except ValueError as e:
-            self.say(f"refused a message from {peer}: bad report: {e}")
-        except OSError:
-            pass
-        channel.close()
-        with self.lock:
-            self.channels.pop(connection, None)
-            self.state.lost(rank, connection)
+            self.state.reported(conn.rank, conn.id, report)
             self._flush()
 
+    def _verified(self, conn: Connection, line: bytes) -> dict:
+        """The body of a member's signed line, checked as wire.Channel.receive checks it."""
+        message = wire.json_object(line)
+        if message is None:
+            raise wire.RejectedMessage(f"not a JSON object: {line[:80]!r}")
+        body, seq, mac = message.get("body"), message.get("seq"), message.get("mac")
+        if not isinstance(body, dict) or not isinstance(seq, int) or not isinstance(mac, str):
+            raise wire.RejectedMessage("not a signed message")
+        if seq != conn.received:
+            raise wire.RejectedMessage(f"message {seq} out of order (expected {conn.received}): a replay")
+        expected = wire.sign(self.key, wire.TO_COORDINATOR, conn.nonce, conn.member_nonce, seq, body)
+        if not hmac.compare_digest(expected, mac):
+            raise wire.RejectedMessage("bad signature: not signed with this gang's key (another gang, or a forgery)")
+        conn.received += 1
+        return body
+
+    def _drop(self, conn: Connection) -> None:
+        """Close a connection; a member's is lost to the gang (coordinator_rules decides what that means)."""
+        if conn.closed:
+            return
+        conn.closed = True
+        self.pending.done(conn.sock)
+        try:
+            self.selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        conn.sock.close()
+        if conn.id:
+            with self.lock:
+                self.members.pop(conn.id, None)
+                self.state.lost(conn.rank, conn.id)
+                self._flush()

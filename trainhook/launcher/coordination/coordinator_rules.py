@@ -81,6 +81,11 @@ class CoordinatorState:
     claims_refused: set = field(default_factory=set)  # ranks whose claimed outcome was refused (logged once)
     tails: dict = field(default_factory=dict)  # rank -> the last lines of its latest ended training (the outcome's)
     settling: tuple | None = None  # (rank, code, reason, until): a failure fatal by default, waiting (_failure)
+    # Cursors that keep the barrier and the delivery check O(1) per event at 10,000 members (issue 32): the first
+    # rank not yet known ready (_advance) and not yet known to have acknowledged the outcome (delivered).
+    ready_cursor: int = 0
+    acked_cursor: int = 0
+    outcome_body: dict | None = None  # the `done` message, one object for every member (sent once per member)
 
     def __post_init__(self) -> None:
         self.records = [Record() for _ in self.gang.peers]
@@ -196,8 +201,15 @@ class CoordinatorState:
 
     # --- helpers ----------------------------------------------------------------------------------------------
     def delivered(self) -> bool:
-        """Every member has acknowledged the outcome (of an elastic gang: every member that is here)."""
-        return self.outcome is not None and all(r.acked for r in self.records if r.present or not self.elastic)
+        """Every member has acknowledged the outcome (of an elastic gang: every member that is here). An
+        acknowledgement is never taken back, so a fixed-size gang's check resumes where the last one stopped."""
+        if self.outcome is None:
+            return False
+        if self.elastic:
+            return all(r.acked for r in self.records if r.present)
+        while self.acked_cursor < len(self.records) and self.records[self.acked_cursor].acked:
+            self.acked_cursor += 1
+        return self.acked_cursor == len(self.records)
 
     def _learn(self, rank: int, report: Report) -> None:
         """Take what a member knows and this coordinator does not (after rank 0's launcher restarted)."""
@@ -288,15 +300,17 @@ class CoordinatorState:
             self.events.append(("Warning", "GangRestarted", f"{why}: gang restart {self.restarts} of "
                                 f"{policy.max_restarts} (attempt {self.attempt + 1} starts when every member "
                                 f"has stopped)"))
+            stop = {"type": "stop", "attempt": self.attempt, "why": why}
             for member, record in enumerate(self.records):
                 if record.connection and record.status == RUNNING:
-                    self.outbox.append((member, {"type": "stop", "attempt": self.attempt, "why": why}))
+                    self.outbox.append((member, stop))
             return
         self._finish(Outcome(FAILED, code, f"{why}, but restart-gang's budget ({policy.max_restarts}) is spent",
                              rank, now_rfc3339(), self.attempt, self.restarts))
 
     def _finish(self, outcome: Outcome, announce: bool = True) -> None:
         self.outcome, self.phase, self.settling = outcome, DONE_PHASE, None
+        self.outcome_body = None  # made from this outcome by the first _tell_outcome
         if announce:
             self.log.append(outcome.summary())
         for rank, record in enumerate(self.records):
@@ -307,14 +321,15 @@ class CoordinatorState:
         record = self.records[rank]
         if self.outcome is not None and record.connection and record.told != record.connection:
             record.told = record.connection
-            self.outbox.append((rank, {"type": "done", "outcome": self.outcome.to_dict()}))
+            if self.outcome_body is None:
+                self.outcome_body = {"type": "done", "outcome": self.outcome.to_dict()}
+            self.outbox.append((rank, self.outcome_body))
 
     def _advance(self) -> None:
         """The barrier: start the next attempt once every member is connected and none is still running."""
         if self.phase not in (ASSEMBLING, RESTARTING):
             return
-        if not (elastic.ready(self) if self.elastic else
-                all(r.connection and r.status != RUNNING for r in self.records)):
+        if not (elastic.ready(self) if self.elastic else self._all_ready()):
             return
         self.attempt += 1
         if self.since is None:
@@ -325,8 +340,29 @@ class CoordinatorState:
                         f"{self.gang.assembled_at}, at most {self.gang.size})" if self.elastic else
                         f"all {len(self.records)} members are here") + "; starting the training"
                         + (f" (gang restart {self.restarts})" if self.restarts else ""))
-        for rank in starting:
+        start = {"type": "start", "attempt": self.attempt, "restarts": self.restarts, "since": self.since}
+        for rank in starting:  # one body for all: the coordinator makes its JSON once
             record = self.records[rank]
             record.attempt, record.status, record.code = self.attempt, RUNNING, None
-            self.outbox.append((rank, {"type": "start", "attempt": self.attempt, "restarts": self.restarts,
-                                       "since": self.since}))
+            self.outbox.append((rank, start))
+
+    def _all_ready(self) -> bool:
+        """Every member connected and running nothing: the barrier's condition, in O(1) per event amortized.
+        Called after each event, a scan of every member would make a gang's joins O(N^2) (10^8 checks at 10,000
+        members). The cursor stays on the first member not ready; while it is still not ready nothing else is
+        looked at, and it moves on only over ready members. Members behind it may have become unready since it
+        passed them, so reaching the end is confirmed by one full scan, which restarts the cursor at the first
+        unready member it finds. A scan that finds one follows a member becoming unready again (lost, or running
+        again): O(N) for such a regression, O(1) amortized for every join, stop and report."""
+        records = self.records
+        while self.ready_cursor < len(records):
+            record = records[self.ready_cursor]
+            if not record.connection or record.status == RUNNING:
+                return False
+            self.ready_cursor += 1
+        for rank, record in enumerate(records):
+            if not record.connection or record.status == RUNNING:
+                self.ready_cursor = rank
+                return False
+        self.ready_cursor = 0  # the barrier opens: the next one starts from the first member again
+        return True

@@ -1,14 +1,16 @@
-"""Bounds on the coordinator's connections until they authenticate (issue 23 item 2). Standard library only.
+"""Bounds on the coordinator's connections until they authenticate (issues 23 and 32). Standard library only.
 
-Anyone who can reach rank 0's pod can connect to the coordinator port before proving anything. Each connection
-has its own thread (the protocol is blocking), so without bounds a client that sends one byte every 8 s (under
-a per-read timeout of 10 s) held a thread and a socket for as long as it liked, and 400 of them made 405
-threads and 226 log lines. Here:
+Anyone who can reach rank 0's pod can connect to the coordinator port before proving anything. Until issue 32 each
+connection had its own thread, so a client that sent one byte every 8 s (under a per-read timeout of 10 s) held a
+thread and a socket for as long as it liked, and 400 of them made 405 threads and 226 log lines. The coordinator's
+one selectors loop (coordinator.py) holds no thread per connection; what a pending connection still holds is a socket
+and its buffer, so here:
 
-- HANDSHAKE_DEADLINE bounds the whole handshake (greeting, nonce, signed join) from accept, not each read: a
-  watchdog thread shuts the socket down when it passes, which wakes its thread's blocked read;
-- at most MAX_PENDING connections are unauthenticated at once; one more evicts the oldest (a real member
-  needs milliseconds, so it is never the oldest for long);
+- HANDSHAKE_DEADLINE bounds the whole handshake (greeting, nonce, signed join) from accept, not each read: `expire`,
+  called by the loop every WATCH_INTERVAL, shuts the late sockets down, and the loop closes them on their EOF;
+- at most MAX_PENDING connections are unauthenticated at once; one more evicts the oldest. A real member needs one
+  round trip, but 10,000 members that connect at once are all pending for a moment: 2,048 bounds what strangers can
+  hold (sockets, not threads) while a gang of 10,000 is not made to retry (issue 32's bench/gang_scale_sim.py);
 - refusals are logged at most LOG_BURST per LOG_INTERVAL, the rest counted in one line when it ends.
 """
 
@@ -20,14 +22,15 @@ import time
 from typing import Callable
 
 HANDSHAKE_DEADLINE = 10.0
-MAX_PENDING = 32
+MAX_PENDING = 2048
 LOG_BURST = 5
 LOG_INTERVAL = 30.0
 WATCH_INTERVAL = 0.5
 
 
 def _shut(sock: socket.socket) -> None:
-    """Wake whoever reads `sock` (its thread then closes it): shutdown, not close, as another thread owns it."""
+    """Wake whoever reads `sock` (the coordinator's loop sees its EOF and closes it): shutdown, not close, so the
+    socket is closed once, by its owner."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -43,7 +46,6 @@ class PendingConnections:
         self.lock = threading.Lock()
         self.pending: dict[socket.socket, float] = {}
         self.logged, self.suppressed, self.window = 0, 0, float("-inf")
-        self.watchdog: threading.Thread | None = None
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -76,15 +78,6 @@ class PendingConnections:
         if late:
             self.refused("(pending connections)", f"{len(late)} did not authenticate within {self.deadline:g} s")
         self.refused_flush()
-
-    def watch(self, stopping: threading.Event) -> None:
-        """Start the watchdog (once): expire deadlines until `stopping` is set."""
-        def loop() -> None:
-            while not stopping.wait(WATCH_INTERVAL):
-                self.expire()
-        if self.watchdog is None:
-            self.watchdog = threading.Thread(target=loop, daemon=True, name="coordinator-pending")
-            self.watchdog.start()
 
     def refused(self, peer: str, why: str) -> None:
         """Log a refusal, at most LOG_BURST lines per LOG_INTERVAL; the rest are counted."""
