@@ -516,9 +516,12 @@ def test_no_role_grants_a_wildcard(rendered, name):
         for rule in role["rules"]:
             for field in ("verbs", "resources", "apiGroups", "resourceNames"):
                 assert not any("*" in item for item in rule.get(field, [])), (role["metadata"]["name"], rule)
-            assert "nonResourceURLs" not in rule
+            # Only the API server's public OpenID discovery document and key set (the notary verifies tokens locally).
+            if "nonResourceURLs" in rule:
+                assert rule == {"nonResourceURLs": ["/.well-known/openid-configuration", "/openid/v1/jwks"],
+                                "verbs": ["get"]}, (role["metadata"]["name"], rule)
             forbidden = {"escalate", "bind", "impersonate", "deletecollection", "delete"}
-            if role["metadata"]["name"].endswith("-launcher") and rule["resources"] == ["configmaps"]:
+            if role["metadata"]["name"].endswith("-launcher") and rule.get("resources") == ["configmaps"]:
                 forbidden.discard("delete")  # old versions of its own launcher ConfigMaps (tests/chart/test_chart_lifecycle)
             assert not forbidden & set(rule["verbs"]), (role["metadata"]["name"], rule)
 
@@ -535,7 +538,7 @@ def test_self_managed_may_touch_only_its_own_secret_and_its_own_webhook_configur
     ]
     assert rules_of(manifests, "ClusterRole", f"{fullname}-webhook-config") == [
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
-         "resourceNames": [config], "verbs": ["get", "patch", "update"]}]
+         "resourceNames": [config], "verbs": ["get", "patch"]}]
     account = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     for binding_kind, role_kind, role_name in [("RoleBinding", "Role", f"{fullname}-certs"),
                                                ("ClusterRoleBinding", "ClusterRole", f"{fullname}-webhook-config")]:
@@ -557,11 +560,19 @@ def test_other_modes_give_the_webhook_api_access_for_the_launcher_configmaps_onl
         ("Role", f"{fullname}-gang-key"), ("RoleBinding", f"{fullname}-gang-key"),
         ("ClusterRole", f"{fullname}-statefulsets"), ("ClusterRoleBinding", f"{fullname}-statefulsets")}
     assert not [m for m in webhook_roles if m["metadata"]["name"] == f"{fullname}-certs"]
-    # The launcher ConfigMaps: one ClusterRole (training namespaces may not exist yet), no Role in any namespace.
-    assert [r["metadata"]["name"] for r in find_all(manifests, "Role")
-            if r["metadata"]["labels"]["app.kubernetes.io/component"] == "launcher"] == []
-    assert rules_of(manifests, "ClusterRole", f"{fullname}-launcher")[0] == {
-        "apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "list", "delete"]}
+    # The launcher ConfigMaps: a Role in each training namespace (never a ClusterRole on ConfigMaps, which would
+    # reach kube-system's); the ClusterRole only owns them and lets the webhook read its own uid.
+    launcher_roles = [r for r in find_all(manifests, "Role")
+                      if r["metadata"]["labels"]["app.kubernetes.io/component"] == "launcher"]
+    assert sorted(r["metadata"]["namespace"] for r in launcher_roles) == sorted(
+        merged({"trainingNamespaces": ["default"]}, VALUE_SETS[name])["trainingNamespaces"])
+    assert all(r["rules"][0] == {"apiGroups": [""], "resources": ["configmaps"],
+                                 "verbs": ["create", "get", "list", "delete"]} for r in launcher_roles)
+    assert rules_of(manifests, "ClusterRole", f"{fullname}-launcher") == [
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+         "resourceNames": [f"{fullname}-launcher"], "verbs": ["get"]}]
+    assert not [rule for role in find_all(manifests, "ClusterRole") for rule in role["rules"]
+                if "configmaps" in rule.get("resources", []) or "secrets" in rule.get("resources", [])]
     assert find(manifests, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
     # Without launcherConfigMap and scaleCheck: neither role; the token stays (the gang key is read through the API).
     off = render_chart({"launcherConfigMap": False, "scaleCheck": False, **SECRET_MODE},
@@ -578,11 +589,12 @@ def test_the_webhook_keeps_the_launcher_configmap_in_the_training_namespaces(ren
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES"] == ",".join(FULL["trainingNamespaces"])
     account = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    # One ClusterRoleBinding, no RoleBinding in the training namespaces (which may not exist at install).
-    assert not [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"].endswith("-launcher")]
+    # A RoleBinding in each training namespace (which must exist at install), and the owner's ClusterRoleBinding.
     fullname = find(manifests, "Deployment")["metadata"]["name"]
-    binding = find(manifests, "ClusterRoleBinding", f"{fullname}-launcher")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    bindings = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"] == f"{fullname}-launcher"]
+    assert [b["metadata"]["namespace"] for b in bindings] == FULL["trainingNamespaces"]
+    for binding in [*bindings, find(manifests, "ClusterRoleBinding", f"{fullname}-launcher")]:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
     assert env["TRAINHOOK_WEBHOOK_LAUNCHER_OWNER"] == f"{fullname}-launcher"
 
 

@@ -20,13 +20,14 @@ CA_PEM = build_ca("notary-chart-test-ca", dt.datetime.now(dt.timezone.utc)).cert
 MODES = {"self-managed": {}, "cert-manager": {"certificates": {"mode": "cert-manager"}},
          "secret": {"certificates": {"mode": "secret", "secretName": "user-tls", "caBundle": CA_PEM}}}
 NOTARY_RULES = [
-    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "patch"]},
-    {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "verbs": ["get", "patch"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "patch"]},
+    {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
+TOKENREVIEW_RULES = [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                     {"nonResourceURLs": ["/.well-known/openid-configuration", "/openid/v1/jwks"], "verbs": ["get"]}]
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +49,13 @@ def test_the_notary_role_is_exactly_what_the_notary_needs_bound_to_the_webhook_o
     manifests = rendered[mode]
     fullname = find(manifests, "Deployment")["metadata"]["name"]
     assert find(manifests, "ClusterRole", f"{fullname}-notary")["rules"] == NOTARY_RULES
-    binding = find(manifests, "ClusterRoleBinding", f"{fullname}-notary")
+    assert find(manifests, "ClusterRole", f"{fullname}-tokenreviews")["rules"] == TOKENREVIEW_RULES
     account = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": f"{fullname}-notary"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    for role in ("notary", "tokenreviews"):
+        binding = find(manifests, "ClusterRoleBinding", f"{fullname}-{role}")
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                      "name": f"{fullname}-{role}"}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
     assert find(manifests, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
 
 
@@ -62,12 +65,15 @@ def test_the_chart_binds_nothing_to_training_pods(values):
     no training ClusterRole, and every binding's only subject is the webhook's own ServiceAccount."""
     manifests = render_chart(values, NAMESPACE)
     account = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    check = find(manifests, "Job")["spec"]["template"]["spec"]["serviceAccountName"]
     assert not [r for r in find_all(manifests, "ClusterRole") if r["metadata"]["name"].endswith("-training")]
     for binding in find_all(manifests, "RoleBinding") + find_all(manifests, "ClusterRoleBinding"):
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}], binding
+        # the webhook's own ServiceAccount, or the uninstall check's (tests/chart/test_chart_uninstall.py)
+        assert binding["subjects"] in ([{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}],
+                                       [{"kind": "ServiceAccount", "name": check, "namespace": NAMESPACE}]), binding
     for role in find_all(manifests, "Role") + find_all(manifests, "ClusterRole"):
         for rule in role["rules"]:
-            assert "pods/exec" not in rule["resources"], role["metadata"]["name"]
+            assert "pods/exec" not in rule.get("resources", []), role["metadata"]["name"]
 
 
 def test_a_values_file_that_still_binds_training_service_accounts_is_refused_naming_the_fix():

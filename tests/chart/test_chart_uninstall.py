@@ -1,7 +1,7 @@
 """The chart's pre-delete check (issue 23 item 10, values uninstallCheck), as the real Helm renders it: a hook Job
 that Helm runs before deleting anything, deletes afterwards whatever its result (nothing of it is left, even after
-a forced `--no-hooks` uninstall), whose lines Helm prints, which runs as the webhook's own ServiceAccount with no
-permission of its own, and whose arguments the module's own parser reads. tests/cluster/test_uninstall_check_cluster.py
+a forced `--no-hooks` uninstall), whose lines Helm prints, which runs as a ServiceAccount of its own that may list
+pods and nothing else (issue 31: never the webhook's, whose rights are the notary's), and whose arguments the module's own parser reads. tests/cluster/test_uninstall_check_cluster.py
 runs it against a real API server; tests/e2e/test_e2e_install_lifecycle.py runs `helm uninstall` on the node."""
 
 from __future__ import annotations
@@ -34,14 +34,24 @@ def test_warn_prints_the_lines_of_a_check_that_succeeds_too_and_off_renders_noth
     assert not find_all(render_chart({"uninstallCheck": "off"}, NAMESPACE), "Job")
 
 
-def test_it_runs_as_the_webhook_which_may_already_list_pods_and_gets_no_role_of_its_own():
+def test_it_runs_as_its_own_service_account_that_may_list_pods_and_nothing_else():
     manifests = render_chart({}, NAMESPACE)
     pod = find(manifests, "Job")["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == find(manifests, "ServiceAccount")["metadata"]["name"]
-    notary = find(manifests, "ClusterRole", "trainhook-notary")
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]} in notary["rules"]
-    named = [m["metadata"]["name"] for m in manifests if "uninstall" in m["metadata"]["name"]]
-    assert named == ["trainhook-uninstall-check"]  # the Job alone: no ServiceAccount, role or binding to leave
+    webhook = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert pod["serviceAccountName"] == "trainhook-uninstall-check" != webhook
+    account = find(manifests, "ServiceAccount", "trainhook-uninstall-check")
+    assert account["automountServiceAccountToken"] is False and pod["automountServiceAccountToken"] is True
+    assert find(manifests, "ClusterRole", "trainhook-uninstall-check")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    subject = [{"kind": "ServiceAccount", "name": "trainhook-uninstall-check", "namespace": NAMESPACE}]
+    bound = [b for b in find_all(manifests, "RoleBinding") + find_all(manifests, "ClusterRoleBinding")
+             if b["subjects"] == subject]
+    assert [(b["kind"], b["roleRef"]["name"]) for b in bound] == [("ClusterRoleBinding", "trainhook-uninstall-check")]
+    # Ordinary objects of the release (not hooks): they exist when the pre-delete hook runs and go with the rest.
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        assert "helm.sh/hook" not in (find(manifests, kind, "trainhook-uninstall-check")["metadata"].get("annotations")
+                                      or {})
+    assert not [m for m in render_chart({"uninstallCheck": "off"}, NAMESPACE) if "uninstall" in m["metadata"]["name"]]
     # As hardened as the webhook itself.
     (container,) = pod["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True

@@ -9,8 +9,8 @@ deleted (docs/operate/helm.md, "Uninstalling").
 What counts as running: a pod labeled `trainhook.dev/framework` (a gang's pods always are: the label is on their
 template) that is Pending or Running and not being deleted, in a namespace the webhook serves (not the excluded
 ones). Its gang is its `trainhook.dev/job-name` label in its namespace, its workload its controller (the pod itself
-for a bare Pod). One paged, label-selected list of pods, with the webhook's own ServiceAccount, whose notary role
-already lists pods: the check needs no permission of its own.
+for a bare Pod). One paged, label-selected list of pods, as the chart's `<fullname>-uninstall-check` ServiceAccount,
+which may list pods and nothing else (never the webhook's own: a pod run as that holds the notary's rights).
 
 `--mode refuse` exits 1 naming the gangs and the fix (Helm then stops the uninstall and, from 3.18 on, prints these
 lines: the hook's `helm.sh/hook-output-log-policy`); `--mode warn` names them and exits 0. An API error refuses too

@@ -139,6 +139,13 @@ namespaceSelector:
       operator: NotIn
       values:
         {{- toYaml (concat (list "kube-system" .Release.Namespace) .Values.excludeNamespaces | uniq) | nindent 8 }}
+    {{- with .Values.rbac.gangNamespaces }}
+    {{- /* rbac.gangNamespaces: the notary may act only there (notary-rbac.yaml), so gangs are wired only there. */}}
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values:
+        {{- toYaml . | nindent 8 }}
+    {{- end }}
 clientConfig:
   service:
     name: {{ include "trainhook.serviceName" . }}
