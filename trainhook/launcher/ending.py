@@ -15,6 +15,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -30,7 +31,9 @@ from trainhook.launcher.files import write_json_atomically
 
 COORDINATOR_RANK = 0  # the notary's anchor: rank 0's pod (for MPI, the launcher, which the webhook ranks first)
 MARKER = "outcome.json"  # in TRAINHOOK_STATE_DIR: the outcome, for this pod's restarted containers
-RECORD_DEADLINE = 20.0  # how long the coordinator keeps trying the notary at the end before it says it gave up
+RECORD_DEADLINE = 20.0  # how long the coordinator tries the notary at the end before it says it is not recorded yet
+RECORD_PATIENCE = 15 * 60.0  # how long more one that exits (its container is not rerun) keeps trying first
+KEEP_DELAY_FIRST, KEEP_DELAY_MAX = 2.0, 30.0  # the delays between tries once the first ones failed
 
 
 say = speaker()
@@ -40,33 +43,84 @@ def record_through_notary(gang: GangView, settings: LaunchSettings, outcome: Out
                    notary: notary_client.NotaryClient | None = None, details: dict | None = None) -> str:
     """The coordinator records the outcome through the notary (which also stops a StatefulSet and emits the
     Event); the other members leave it to it. Returns what happened, in words, for the exit or parking message.
-    `details` go with it for a finished gang's inspection (notary_client.NotaryClient.record_outcome)."""
+    `details` go with it for a finished gang's inspection (notary_client.NotaryClient.record_outcome).
+
+    The outcome is kept until the notary has recorded it (issue 31: a gang that ended while trainhook's Deployment
+    was away was never recorded, and held its pods): a coordinator that parks keeps trying in the background for
+    as long as it is parked; one whose container would not be rerun keeps trying before it exits, for at most
+    RECORD_PATIENCE. Either way with a growing delay, each try with the pod's current token (the kubelet refreshes
+    it) against whichever notary answers then (a restarted one, a rotated key)."""
     if gang.rank != COORDINATOR_RANK:
         return f"the coordinator ({gang.peers[COORDINATOR_RANK]}) records the outcome through the notary"
-    if notary is None:
-        try:
-            notary = notary_client.from_settings(settings)
-        except notary_client.NotaryError as e:
-            return f"the outcome is not recorded: {e}"
-    if notary is None:
+    if notary is None and not settings.notary_url:
         return f"the outcome is recorded nowhere: no notary ({keys.TH_NOTARY} is not set)"
-    end, last = time.monotonic() + RECORD_DEADLINE, ""
-    while True:
-        try:
-            recorded = notary.record_outcome(outcome, details)
-            break
-        except notary_client.NotaryError as e:
-            last = str(e)
-            if e.status is not None and e.status not in (429, 502, 503, 504) or time.monotonic() > end:
-                log(f"the outcome is not recorded: {last}")
-                return f"the outcome is not recorded (the notary: {last})"
-            time.sleep(random.uniform(notary_client.FIRST_DELAY, notary_client.MAX_DELAY))
-    if (recorded.phase, recorded.code) != (outcome.phase, outcome.code):
-        log(f"the notary kept the outcome recorded earlier: {recorded.summary()}")
-    else:
-        log(f"the notary recorded the outcome: {recorded.phase}")
-    stops = " and stops it (a StatefulSet is scaled to zero)" if settings.workload_kind == "StatefulSet" else ""
-    return f"the notary recorded {recorded.phase} on the gang's workloads{stops}"
+    recorder = Recorder(settings, outcome, details, log, notary)
+    if recorder.attempt(time.monotonic() + RECORD_DEADLINE):
+        return recorder.said
+    if settings.parks and not recorder.malformed:
+        threading.Thread(target=recorder.keep_trying, name="trainhook-record", daemon=True).start()
+        return f"the outcome is not recorded yet ({recorder.last}); kept, and tried again until the notary records it"
+    if not recorder.refused and recorder.keep_trying(time.monotonic() + RECORD_PATIENCE):
+        return recorder.said
+    return f"the outcome is not recorded (the notary: {recorder.last})"
+
+
+class Recorder:
+    """One outcome on its way to the notary: tries, and what came of them (`said`, `last`)."""
+
+    def __init__(self, settings: LaunchSettings, outcome: Outcome, details: dict | None, log,
+                 notary: notary_client.NotaryClient | None) -> None:
+        self.settings, self.outcome, self.details, self.log, self.notary = settings, outcome, details, log, notary
+        self.said, self.last, self.tries = "", "", 0
+        self.refused = self.malformed = False  # the last answer: a "no" (4xx but 429), a "never" (400)
+
+    def attempt(self, until: float) -> bool:
+        """Try until recorded, refused or `until`, with quick jittered retries while the notary cannot answer (no
+        answer, 429, 5xx), as at start."""
+        while True:
+            self.tries += 1
+            try:
+                if self.notary is None:
+                    self.notary = notary_client.from_settings(self.settings)
+                recorded = self.notary.record_outcome(self.outcome, self.details) if self.notary else None
+            except notary_client.NotaryError as e:
+                self.last = str(e)
+                self.refused = e.status is not None and e.status not in (429, 502, 503, 504)
+                self.malformed = e.status == 400
+                if self.refused or time.monotonic() > until:
+                    self.log(f"the outcome is not recorded: {self.last}")
+                    return False
+                time.sleep(random.uniform(notary_client.FIRST_DELAY, notary_client.MAX_DELAY))
+                continue
+            if recorded is None:
+                self.last = f"no notary ({keys.TH_NOTARY} is not set)"
+                return False
+            self.said = self._recorded(recorded)
+            return True
+
+    def keep_trying(self, until: float = float("inf")) -> bool:
+        """Try again after a delay that grows to KEEP_DELAY_MAX, until recorded, refused as malformed, or `until`: a
+        parked coordinator asks again after a refusal too (a token the kubelet refreshed, a notary that came back
+        with its gang's pods in its cache)."""
+        delay = KEEP_DELAY_FIRST
+        while time.monotonic() + delay < until:
+            time.sleep(random.uniform(delay / 2, delay))
+            if self.attempt(time.monotonic()):
+                self.log(f"{self.said} (after {self.tries} tries)")
+                return True
+            if self.malformed:
+                return False
+            delay = min(delay * 2, KEEP_DELAY_MAX)
+        return False
+
+    def _recorded(self, recorded: Outcome) -> str:
+        if (recorded.phase, recorded.code) != (self.outcome.phase, self.outcome.code):
+            self.log(f"the notary kept the outcome recorded earlier: {recorded.summary()}")
+        else:
+            self.log(f"the notary recorded the outcome: {recorded.phase}")
+        stops = " and stops it (a StatefulSet is scaled to zero)" if self.settings.workload_kind == "StatefulSet" \
+            else ""
+        return f"the notary recorded {recorded.phase} on the gang's workloads{stops}"
 
 
 def recorded_outcome(notary: notary_client.NotaryClient | None, settings: LaunchSettings, log=say) -> Outcome | None:

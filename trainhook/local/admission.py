@@ -199,12 +199,16 @@ class WebhookServer:
         self.stop()
 
     def start(self) -> None:
-        certs = write_bundle(self.work_dir / "certs", ["127.0.0.1", "localhost", NOTARY_HOST])
-        self.port = free_port()
+        """Start the process; a second start (after stop) serves the same ports with the same certificates, as a
+        webhook pod that comes back behind its Service does (tests of an outage)."""
+        certs = self.work_dir / "certs"
+        if self.proc is None:  # the first start: fresh certificates
+            write_bundle(certs, ["127.0.0.1", "localhost", NOTARY_HOST])
+        self.port = self.port or free_port()
         argv = webhook_command() + ["--tls-cert", str(certs / CERT_FILE), "--tls-key", str(certs / KEY_FILE),
                                     "--host", "127.0.0.1", "--port", str(self.port)]
         if self.notary_dir is not None:
-            self.notary_port = free_port()
+            self.notary_port = self.notary_port or free_port()
             argv += ["--notary-authority", f"local:{self.notary_dir.resolve()}", "--notary-port",
                      str(self.notary_port), "--notary-url", self.notary_url.format(port=self.notary_port),
                      "--notary-ca-file", str(certs / CA_FILE)]
