@@ -67,8 +67,9 @@ class Worker:
             try:
                 return control.connect_worker(self.launcher, self.peer, self.port,
                                               CREDENTIALS.key if key is None else key, setup)
-            except ConnectionRefusedError:
-                if time.monotonic() > deadline:
+            except (ConnectionRefusedError, control.ControlError) as e:
+                # Not listening yet, or listening without its key yet ("refused for now"): as the launcher does.
+                if isinstance(e, control.WorkerRefused) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
 

@@ -73,7 +73,9 @@ class Gang:
         while True:
             try:
                 return control.connect_worker(self.launcher, self.peer, self.port, self.key, control.Setup("gang", ""))
-            except ConnectionRefusedError:
+            except (ConnectionRefusedError, control.ControlError) as e:
+                if isinstance(e, control.WorkerRefused):  # ControlError alone: no key yet, "refused for now"
+                    raise
                 assert time.monotonic() < deadline, "the worker never listened"
                 time.sleep(0.05)
 
@@ -215,17 +217,34 @@ def test_a_worker_spawns_nothing_before_its_launcher_attached(tmp_path):
 
 
 def test_a_worker_without_a_key_spawns_nothing_for_anyone(tmp_path):
-    """No notary answered: an empty key is one anybody holds, so nothing is spawned with it."""
-    keyless = Gang(with_key=False)
+    """No notary named: an empty key is one anybody holds, so a hello proven with it is refused (the worker says
+    it has no key and keeps asking), and a launcher without a key does not even ask."""
+    keyless = Gang(with_key=False, attach=False)
     marker = tmp_path / "keyless"
     try:
-        with pytest.raises(control.WorkerRefused, match="this worker has no gang key"):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                channel = control.open_channel("127.0.0.1", keyless.port, 5)
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        theirs = control.worker_opening(channel)
+        channel.send(control.spawn_hello(keyless.launcher, b"", theirs, control.challenge(), f"touch {marker}"))
+        answer = channel.receive(5)
+        channel.close()
+        assert answer is not None and answer.get("ok") is False and "no gang key yet" in answer["error"]
+        with pytest.raises(control.WorkerRefused, match="this launcher has no gang key"):
             control.connect_spawn(keyless.launcher, "127.0.0.1", keyless.port, b"", f"touch {marker}")
         done = keyless.run("touch", str(marker))
         assert done.returncode == 255 and b"the launcher has no gang key" in done.stderr
         assert not marker.exists()
     finally:
-        keyless.finish()
+        keyless.worker.kill()
+        output, _ = keyless.worker.communicate()
+        keyless.doorway.__exit__(None, None, None)
+    assert "no gang key: TRAINHOOK_NOTARY is not set" in output
 
 
 def test_the_doorway_is_closed_to_other_users_by_its_directory_and_by_their_uid(gang):

@@ -13,22 +13,32 @@ at the end sends each worker the outcome, which the worker exits with. So:
 
 TCP keepalive on both ends turns a vanished node (no FIN ever arrives) into a closed connection in ~25 s.
 
-Both ends prove they hold the gang's key (`gang_token`): each sends a random challenge and answers the other's
-with HMAC-SHA256(key, role + challenge), so nothing outside the gang can end a worker, install an agent in it,
-have it spawn a command, or pose as a worker. The key never crosses the network.
+Both ends prove they hold the gang's key (`gang_token`), and every message after the greetings is signed: each
+side sends a random challenge and the other's hello/answer carries HMAC-SHA256(key, role + challenge + the whole
+message), so nothing outside the gang can end a worker, install an agent in it, have it spawn a command, change the
+command on the way (an on-path relay, or a pod answering for a worker's name: issue 31), or pose as a worker. From
+the two challenges both ends derive the connection's session key (`session_key`); the control messages that follow
+(`exit`, `bye`) are signed with it and a per-direction counter (LineSocket.secure), and a spawn connection's
+frames too (gang_transport.FrameSigner), so a frame injected, replayed, reordered or reflected mid-stream is refused.
+The key never crosses the network; the session key is valid on one connection only.
+
+A worker that has no key (no notary answered yet, or none is named) refuses every launcher, saying so, and keeps
+asking the notary in the background (worker.GangKey): an empty key is one anybody holds.
 
 Wire format: one JSON object per line.
-  worker -> launcher  {"protocol": "trainhook-mpi/1", "challenge": C1}
-  launcher -> worker  {"protocol": ..., "namespace": NS, "job": JOB, "launcher": ADDRESS, "proof": P(C1),
-                       "challenge": C2, "transport": T, "agent": PATH, "run_dir": DIR}
-  worker -> launcher  {"ok": true, "slots": N, "proof": P(C2)}  |  {"ok": false, "error": WHY}
-  launcher -> worker  {"exit": CODE, "why": TEXT}
-  worker -> launcher  {"bye": true}
+  worker -> launcher  {"protocol": "trainhook-mpi/2", "challenge": C1}
+  launcher -> worker  {"protocol": ..., "namespace": NS, "job": JOB, "launcher": ADDRESS, "challenge": C2,
+                       "transport": T, "agent": PATH, "run_dir": DIR, "proof": P(launcher, C1, message)}
+  worker -> launcher  {"ok": true, "slots": N, "proof": P(worker, C2, message)}  |  {"ok": false, "error": WHY}
+  then, signed with the session key:   {"seq": n, "body": BODY, "mac": M}
+  launcher -> worker  BODY {"exit": CODE, "why": TEXT}
+  worker -> launcher  BODY {"bye": true}
 The worker installs the rsh agent at PATH (under /etc/mpi only) before it answers.
 
 A spawn (the `gang` transport, gang_transport): a second connection whose hello carries `"spawn": WORDS` instead of
-the transport/agent fields; the worker answers {"ok": true, "proof": P(C2)} (only while it serves a launcher),
-and from then on both ends speak gang_transport's binary frames on the same connection.
+the transport/agent fields (inside the proof: the command is what the key vouches for); the worker answers
+{"ok": true, "proof": ...} (only while it serves a launcher), and from then on both ends speak gang_transport's
+signed binary frames on the same connection.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import os
 import secrets
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -49,7 +60,7 @@ from trainhook.gang import keys
 from trainhook.launcher.pod_view import GangView, Peer
 from trainhook.launcher.wire import json_object, set_keepalive
 
-PROTOCOL = "trainhook-mpi/1"
+PROTOCOL = "trainhook-mpi/2"  # /1 signed only the challenge, not the message (issue 31)
 # Where workers listen: the gang's port (TRAINHOOK_PORT, the `trainhook.dev/port` annotation), 29498 by default
 # (the gang wait uses 29499, torch 29500).
 CONTROL_PORT = 29498
@@ -96,8 +107,35 @@ def gang_token(env: Mapping[str, str]) -> bytes:
         return b""
 
 
-def proof(token: bytes, role: str, challenge: str) -> str:
-    return hmac.new(token, f"{PROTOCOL} {role} {challenge}".encode(), hashlib.sha256).hexdigest()
+def canonical(message: dict) -> str:
+    """What a proof covers: the message as sorted compact JSON, without its proof."""
+    return json.dumps({k: v for k, v in message.items() if k != "proof"}, sort_keys=True, separators=(",", ":"))
+
+
+def proof(token: bytes, role: str, challenge: str, message: dict) -> str:
+    """HMAC of the whole message (every field but the proof) under the peer's fresh challenge: a relay that changes
+    any field (the command, the agent's path, the slots) or replays a message on another connection is refused."""
+    text = "|".join((PROTOCOL, role, challenge, canonical(message)))
+    return hmac.new(token, text.encode(), hashlib.sha256).hexdigest()
+
+
+def signed(token: bytes, role: str, challenge: str, message: dict) -> dict:
+    return {**message, "proof": proof(token, role, challenge, message)}
+
+
+def session_key(token: bytes, worker_challenge: str, launcher_challenge: str) -> bytes:
+    """The key of one connection, from both fresh challenges: what signs its later messages and frames, and what
+    the launcher's doorway may hand an rsh agent (it opens nothing but this connection)."""
+    text = "|".join((PROTOCOL, "session", worker_challenge, launcher_challenge))
+    return hmac.new(token, text.encode(), hashlib.sha256).digest()
+
+
+def line_mac(key: bytes, direction: str, seq: int, body: dict) -> str:
+    text = "|".join((PROTOCOL, direction, str(seq), json.dumps(body, sort_keys=True, separators=(",", ":"))))
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+TO_WORKER, TO_LAUNCHER = "l2w", "w2l"
 
 
 def challenge() -> str:
@@ -112,22 +150,47 @@ class LineSocket:
         self.sock = sock
         self.buffer = b""
         self.closed = False
+        self.session = b""  # the connection's session key, once both ends proved the gang's key
+        self.directions = ("", "")  # (ours, theirs) once secured
+        self.sent = self.received = 0
+        self.lock = threading.Lock()
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def secure(self, session: bytes, outgoing: str, incoming: str) -> None:
+        """From now on every message is signed with `session` and counted per direction (both ends call this right
+        after the handshake): one injected, replayed, reordered or reflected is refused as a ControlError."""
+        self.session, self.directions = session, (outgoing, incoming)
+
     def send(self, message: dict) -> None:
-        self.sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        with self.lock:
+            if self.session:
+                message = {"seq": self.sent, "body": message,
+                           "mac": line_mac(self.session, self.directions[0], self.sent, message)}
+                self.sent += 1
+            self.sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
 
     def pending(self) -> dict | None:
-        """A complete message already buffered, if any."""
+        """A complete message already buffered, if any (checked, once secured)."""
         if b"\n" not in self.buffer:
             return None
         line, self.buffer = self.buffer.split(b"\n", 1)
         message = json_object(line)
         if message is None:
             raise ControlError(f"not a trainhook control message: {line[:80]!r}")
-        return message
+        return self.check(message) if self.session else message
+
+    def check(self, message: dict) -> dict:
+        body, seq, mac = message.get("body"), message.get("seq"), message.get("mac")
+        if not isinstance(body, dict) or not isinstance(seq, int) or not isinstance(mac, str):
+            raise ControlError("an unsigned message on a signed control connection (injected?)")
+        if seq != self.received:
+            raise ControlError(f"message {seq} out of order (expected {self.received}): a replay")
+        if not hmac.compare_digest(mac, line_mac(self.session, self.directions[1], seq, body)):
+            raise ControlError("a message not signed with this connection's key (injected or forged)")
+        self.received += 1
+        return body
 
     def feed(self) -> bool:
         """Read what the socket has (call when select() says readable); False once the peer closed."""
@@ -188,26 +251,38 @@ def check_setup(setup: Setup) -> str:
 
 
 def control_hello(gang: GangView, token: bytes, worker_challenge: str, own_challenge: str, setup: Setup) -> dict:
-    return {"protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
-            "proof": proof(token, "launcher", worker_challenge), "challenge": own_challenge,
-            "transport": setup.transport, "agent": setup.agent, "run_dir": setup.run_dir}
+    return signed(token, "launcher", worker_challenge, {
+        "protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
+        "challenge": own_challenge, "transport": setup.transport, "agent": setup.agent, "run_dir": setup.run_dir})
 
 
 def spawn_hello(gang: GangView, token: bytes, worker_challenge: str, own_challenge: str, command: str) -> dict:
-    return {"protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
-            "proof": proof(token, "launcher", worker_challenge), "challenge": own_challenge, "spawn": command}
+    return signed(token, "launcher", worker_challenge, {
+        "protocol": PROTOCOL, "namespace": gang.namespace, "job": gang.job_name, "launcher": gang.address,
+        "challenge": own_challenge, "spawn": command})
 
 
 def authenticate(gang: GangView, token: bytes, sent_challenge: str, message: dict | None) -> str:
-    """'' when `message` is a hello from a holder of this gang's key, else why it is refused."""
+    """'' when `message` is a hello from a holder of this gang's key, with every field as it signed it, else why
+    it is refused. An empty key is refused outright: anybody can compute an HMAC under it."""
     if not message or message.get("protocol") != PROTOCOL:
-        return "not a trainhook MPI launcher"
+        return "not a trainhook MPI launcher" + (f" of this version ({message.get('protocol')}, not {PROTOCOL})"
+                                                 if message and message.get("protocol") else "")
     if (message.get("namespace"), message.get("job")) != (gang.namespace, gang.job_name):
         return (f"launcher of gang {message.get('namespace')}/{message.get('job')}, not "
                 f"{gang.namespace}/{gang.job_name}")
-    if not hmac.compare_digest(str(message.get("proof", "")), proof(token, "launcher", sent_challenge)):
-        return "the launcher does not hold this gang's key (were the pods admitted by different webhooks?)"
+    if not token:
+        return NO_KEY
+    if not isinstance(message.get("challenge"), str) or len(message["challenge"]) < 16:
+        return "a hello without a challenge"
+    if not hmac.compare_digest(str(message.get("proof", "")), proof(token, "launcher", sent_challenge, message)):
+        return ("the launcher does not hold this gang's key, or its hello was changed on the way (were the pods "
+                "admitted by different webhooks?)")
     return ""
+
+
+NO_KEY = ("this worker has no gang key yet (the notary has not given it one), so it accepts no launcher; it keeps "
+          "asking the notary")
 
 
 def judge_hello(gang: GangView, token: bytes, sent_challenge: str, message: dict | None) -> tuple[str, Setup | None]:
@@ -249,9 +324,11 @@ def worker_answer(channel: LineSocket, token: bytes, mine: str) -> dict:
         raise ControlError("it closed the connection without answering" if channel.closed else
                            f"no answer within {HELLO_TIMEOUT:g}s")
     if not answer.get("ok"):
+        if answer.get("retry"):  # a worker still waiting for its key: ask again until the deadline
+            raise ControlError(f"it refused for now: {answer.get('error', 'no reason given')}")
         raise WorkerRefused(f"it refused: {answer.get('error', 'no reason given')}")
-    if not hmac.compare_digest(str(answer.get("proof", "")), proof(token, "worker", mine)):
-        raise WorkerRefused("it does not hold this gang's key")
+    if not hmac.compare_digest(str(answer.get("proof", "")), proof(token, "worker", mine, answer)):
+        raise WorkerRefused("it does not hold this gang's key, or its answer was changed on the way")
     return answer
 
 
@@ -284,6 +361,8 @@ class WorkerLink:
 def connect_worker(gang: GangView, peer: Peer, port: int, token: bytes, setup: Setup,
                    timeout: float = 3.0) -> WorkerLink:
     """Open the control connection to one worker, authenticated both ways; raises OSError or ControlError."""
+    if not token:
+        raise WorkerRefused("this launcher has no gang key (the notary gave it none): no worker accepts it")
     channel = open_channel(peer.address, port, timeout)
     try:
         theirs, mine = worker_opening(channel), challenge()
@@ -292,6 +371,7 @@ def connect_worker(gang: GangView, peer: Peer, port: int, token: bytes, setup: S
         slots = answer.get("slots")
         if not isinstance(slots, int) or slots < 1:
             raise ControlError(f"it reported no usable slot count ({slots!r})")
+        channel.secure(session_key(token, theirs, mine), TO_WORKER, TO_LAUNCHER)
         return WorkerLink(peer, channel, slots)
     except BaseException:
         channel.close()
@@ -300,13 +380,17 @@ def connect_worker(gang: GangView, peer: Peer, port: int, token: bytes, setup: S
 
 def connect_spawn(gang: GangView, address: str, port: int, token: bytes, command: str,
                   timeout: float = 3.0) -> LineSocket:
-    """A spawn connection to the worker at `address`, authenticated both ways and accepted; what follows on it is
-    gang_transport's frames. Raises OSError or ControlError (WorkerRefused when the worker said no)."""
+    """A spawn connection to the worker at `address`, authenticated both ways and accepted, with the command inside
+    the proof; what follows on it is gang_transport's frames, signed with `channel.session`. Raises OSError or
+    ControlError (WorkerRefused when the worker said no)."""
+    if not token:
+        raise WorkerRefused("this launcher has no gang key (the notary gave it none): no worker accepts it")
     channel = open_channel(address, port, timeout)
     try:
         theirs, mine = worker_opening(channel), challenge()
         channel.send(spawn_hello(gang, token, theirs, mine, command))
         worker_answer(channel, token, mine)
+        channel.session = session_key(token, theirs, mine)
         return channel
     except BaseException:
         channel.close()

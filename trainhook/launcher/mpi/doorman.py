@@ -14,7 +14,9 @@ transport (mpi_spawn runs their command). What a hostile client can do is bounde
 - **an accept loop that never dies**: a thread that cannot start refuses that connection only, and accept()
   errors (EMFILE: out of file descriptors) back off briefly and go on.
 
-A worker without a key (gang_token answered b"": no notary) spawns nothing: an empty key is one anybody holds.
+A worker without a key (the notary has not answered it yet, or none is named) accepts no launcher and spawns
+nothing: an empty key is one anybody holds (issue 31). It says so to each launcher, which asks again, while
+worker.GangKey keeps asking the notary; the first launcher after the key arrives is served.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from trainhook.launcher.mpi.spawn import Children, run_spawn
 
 HANDSHAKE_DEADLINE = control.HELLO_TIMEOUT
 MAX_PENDING = 64
+THREAD_SLACK, EVICTION_WAIT = 2, 1.0  # handshake threads beyond the cap while dropped ones end; how long to wait
 LOG_BURST, LOG_WINDOW = 5, 10.0
 ACCEPT_BACKOFF = 0.05
 
@@ -71,14 +74,19 @@ class Throttled:
 class Doorman:
     """Authenticates incoming connections and hands the main loop the first launcher; serves spawns after it."""
 
-    def __init__(self, gang: GangView, slots: int, token: bytes, say: Callable[[str], None],
+    def __init__(self, gang: GangView, slots: int, token: bytes | Callable[[], bytes], say: Callable[[str], None],
                  children: Children | None = None, env: Mapping[str, str] | None = None):
-        self.gang, self.slots, self.token, self.say = gang, slots, token, say
+        """`token`: the gang's key, or what returns it once the notary has answered (worker.GangKey.get; b"" until
+        then)."""
+        self.gang, self.slots, self.say = gang, slots, say
+        self.key_of: Callable[[], bytes] = token if callable(token) else (lambda: token)
         self.children = children or Children()
         self.env = env if env is not None else {}
         self.lock = threading.Lock()
         self.claimed = False
         self.pending: OrderedDict[socket.socket, str] = OrderedDict()
+        self.threads = 0  # threads still in their handshake: pending ones, and dropped ones not yet gone
+        self.thread_ended = threading.Condition(self.lock)
         self.ready: queue.Queue[control.LineSocket] = queue.Queue()
         self.refusals = Throttled(say)
 
@@ -99,12 +107,17 @@ class Doorman:
                 self._hang_up(oldest)
                 self.refusals(f"dropped a connection from {oldest_host}: {MAX_PENDING} connections were waiting "
                               "to authenticate (the oldest is dropped)")
+            # A dropped connection's thread ends within milliseconds; under a flood, wait for it (bounded) so that
+            # the threads never outnumber the cap, however busy the CPU is.
+            self.thread_ended.wait_for(lambda: self.threads < MAX_PENDING + THREAD_SLACK, EVICTION_WAIT)
             self.pending[sock] = host
+            self.threads += 1
         try:
             threading.Thread(target=self.handshake, args=(sock, host), daemon=True).start()
         except RuntimeError as e:
             with self.lock:
                 self.pending.pop(sock, None)
+                self.threads -= 1
             sock.close()
             self.refusals(f"refused a connection from {host}: cannot start a thread for it ({e})")
 
@@ -132,8 +145,14 @@ class Doorman:
         with self.lock:
             return self.pending.pop(sock, None) is not None
 
+    def _handshake_over(self, counted: bool) -> None:
+        with self.lock:
+            self.threads -= counted
+            self.thread_ended.notify_all()
+
     def handshake(self, sock: socket.socket, host: str) -> None:
         deadline = time.monotonic() + HANDSHAKE_DEADLINE
+        counted = True
         channel = control.LineSocket(sock)
         try:
             control.set_keepalive(sock)
@@ -144,36 +163,41 @@ class Doorman:
             if message is None:
                 raise control.ControlError("it closed the connection" if channel.closed else
                                            f"no hello within the {HANDSHAKE_DEADLINE:g}s handshake deadline")
-            refusal = control.authenticate(self.gang, self.token, mine, message)
+            key = self.key_of()
+            refusal = control.authenticate(self.gang, key, mine, message)
             if not refusal and not self._authenticated(sock):
                 raise control.ControlError("dropped while waiting (too many pending connections)")
+            if not refusal:
+                self._handshake_over(counted)  # a spawn's thread serves it for the command's lifetime
+                counted = False
             if refusal:
-                self._refuse(channel, host, refusal)
+                self._refuse(channel, host, refusal, retry=refusal == control.NO_KEY)
             elif "spawn" in message:
-                self._spawn(channel, host, message, deadline)
+                self._spawn(channel, host, message, deadline, key, mine)
             else:
-                self._launcher(channel, host, message, mine)
+                self._launcher(channel, host, message, key, mine)
         except (OSError, control.ControlError) as e:
             channel.close()
             self.refusals(f"dropped a connection from {host}: {e}")
         finally:
             with self.lock:
                 self.pending.pop(sock, None)
+            self._handshake_over(counted)
 
-    def _refuse(self, channel: control.LineSocket, host: str, refusal: str) -> None:
+    def _refuse(self, channel: control.LineSocket, host: str, refusal: str, retry: bool = False) -> None:
         try:
-            channel.send({"ok": False, "error": refusal})
+            channel.send({"ok": False, "error": refusal, **({"retry": True} if retry else {})})
         except OSError:
             pass
         channel.close()
         self.refusals(f"refused a connection from {host}: {refusal}")
 
-    def _answer_ok(self, channel: control.LineSocket, message: dict, **more: object) -> None:
-        channel.send({"ok": True, **more,
-                      "proof": control.proof(self.token, "worker", str(message.get("challenge", "")))})
+    @staticmethod
+    def _answer_ok(channel: control.LineSocket, key: bytes, message: dict, **more: object) -> None:
+        channel.send(control.signed(key, "worker", str(message.get("challenge", "")), {"ok": True, **more}))
 
-    def _launcher(self, channel: control.LineSocket, host: str, message: dict, mine: str) -> None:
-        refusal, setup = control.judge_hello(self.gang, self.token, mine, message)
+    def _launcher(self, channel: control.LineSocket, host: str, message: dict, key: bytes, mine: str) -> None:
+        refusal, setup = control.judge_hello(self.gang, key, mine, message)
         if not refusal:
             with self.lock:
                 refusal = "this worker already serves a launcher" if self.claimed else ""
@@ -187,24 +211,27 @@ class Doorman:
             self._refuse(channel, host, refusal)
             return
         channel.sock.settimeout(None)
-        self._answer_ok(channel, message, slots=self.slots)
+        self._answer_ok(channel, key, message, slots=self.slots)
+        channel.secure(control.session_key(key, mine, str(message["challenge"])), control.TO_LAUNCHER,
+                       control.TO_WORKER)
         self.say(f"launcher connected from {host}")
         self.ready.put(channel)
 
-    def _spawn(self, channel: control.LineSocket, host: str, message: dict, deadline: float) -> None:
+    def _spawn(self, channel: control.LineSocket, host: str, message: dict, deadline: float, key: bytes,
+               mine: str) -> None:
+        """The command is the one the launcher signed (authenticate checked the hello's proof over it); the
+        frames that follow are signed with this connection's session key."""
         command = message.get("spawn")
         with self.lock:
             claimed = self.claimed
-        if not self.token:
-            self._refuse(channel, host, "this worker has no gang key (no notary answered it), so it runs nothing "
-                         "for anyone")
-        elif not isinstance(command, str) or not command.strip():
+        if not isinstance(command, str) or not command.strip():
             self._refuse(channel, host, "a spawn request needs a command")
         elif not claimed:
             self._refuse(channel, host, "this worker serves no launcher yet (its control connection comes first)")
         else:
-            self._answer_ok(channel, message)
-            run_spawn(channel, command, self.children, self.env, deadline, self.say)
+            self._answer_ok(channel, key, message)
+            session = control.session_key(key, mine, str(message["challenge"]))
+            run_spawn(channel, command, self.children, self.env, deadline, self.say, session)
 
 
 def install_worker_agent(setup: control.Setup) -> str:

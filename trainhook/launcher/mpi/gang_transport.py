@@ -7,9 +7,11 @@ No Kubernetes API call, no `pods/exec` grant, no sshd in the image. Three proces
            -> HOST's `mpi-worker` (the gang's control port; mpi_spawn runs `/bin/sh -c "WORDS"` there)
 
 The agent never holds the gang's key. It asks the doorway; the launcher dials the worker, authenticates both
-ways with the key (mpi_control.connect_spawn, the control channel's HMAC handshake), and hands the agent the
-connected, already-authenticated TCP socket as a file descriptor (SCM_RIGHTS). The agent then speaks frames on
-it directly, so its I/O costs the launcher nothing. For the launcher's own host (Hydra starts a proxy there through
+ways with the key (mpi_control.connect_spawn, the control channel's HMAC handshake, whose proof covers the
+command), and hands the agent the connected, already-authenticated TCP socket as a file descriptor (SCM_RIGHTS)
+with that connection's session key (mpi_control.session_key: derived from both ends' fresh challenges, it opens
+nothing but this one connection). The agent then speaks signed frames on it directly, so its I/O costs the
+launcher nothing. For the launcher's own host (Hydra starts a proxy there through
 the agent too) the doorway says so and the agent runs the command right here, as ssh to oneself would.
 
 Why a doorway rather than giving the agent the key:
@@ -23,9 +25,12 @@ Why a doorway rather than giving the agent the key:
   caller's uid (SO_PEERCRED): the only callers it serves are processes of the user mpirun itself runs as, who can
   start daemons on the gang's workers through mpirun anyway. No other container of the pod mounts /etc/mpi.
 
-Frames (both directions, after the handshake): a header `!BI` (channel, length) then `length` bytes (at most
-MAX_FRAME). Agent -> worker: START once (spawn now), STDIN data, STDIN_EOF. Worker -> agent: STDOUT, STDERR
-data, then EXIT with the code as ASCII digits. The connection closing is the kill: when the agent dies (any
+Frames (both directions, after the handshake): a header `!BI` (channel, length), `length` bytes (at most
+MAX_FRAME), then a 32-byte tag, HMAC-SHA256(session key, direction | frame number | header | bytes), the frame
+number counting from 0 per direction (FrameSigner). So a frame injected, replayed, dropped, reordered or reflected
+back by anyone on the path (issue 31) is refused and the connection closed, which ends the command.
+Agent -> worker: START once (spawn now), STDIN data, STDIN_EOF. Worker -> agent: STDOUT, STDERR data, then EXIT
+with the code as ASCII digits. The connection closing is the kill: when the agent dies (any
 signal, SIGKILL included) the worker stops the command's process group; when the command ends, the agent exits
 with its code (128+N for a signal N). Buffers are bounded: at most one frame in flight per direction in our own
 memory, the rest is TCP's and the pipes' backpressure.
@@ -34,6 +39,8 @@ memory, the rest is TCP's and the pipes' backpressure.
 from __future__ import annotations
 
 import array
+import hashlib
+import hmac
 import json
 import os
 import socket
@@ -65,37 +72,76 @@ def doorway_path(agent_path: Path) -> Path:
     return agent_path.parent / DOORWAY_DIR / DOORWAY_SOCKET
 
 
-def send_frame(sock: socket.socket, channel: int, data: bytes = b"") -> None:
+TAG = 32  # HMAC-SHA256 after every frame
+TO_WORKER, TO_AGENT = b"a2w", b"w2a"
+
+
+class FrameSigner:
+    """One end of a spawn connection's signed frames: the session key, and the frame numbers both ways."""
+
+    def __init__(self, session: bytes, outgoing: bytes, incoming: bytes):
+        if not session:
+            raise ValueError("a spawn connection without a session key")
+        self.session, self.outgoing, self.incoming = session, outgoing, incoming
+        self.sent = self.received = 0
+        self.lock = threading.Lock()
+
+    @classmethod
+    def agent(cls, session: bytes) -> FrameSigner:
+        return cls(session, TO_WORKER, TO_AGENT)
+
+    @classmethod
+    def worker(cls, session: bytes) -> FrameSigner:
+        return cls(session, TO_AGENT, TO_WORKER)
+
+    def tag(self, direction: bytes, number: int, header: bytes, data: bytes) -> bytes:
+        mac = hmac.new(self.session, direction + struct.pack("!Q", number) + header, hashlib.sha256)
+        mac.update(data)
+        return mac.digest()
+
+
+def send_frame(sock: socket.socket, signer: FrameSigner, channel: int, data: bytes = b"") -> None:
     for start in range(0, max(len(data), 1), MAX_FRAME):
         chunk = data[start:start + MAX_FRAME]
-        sock.sendall(HEADER.pack(channel, len(chunk)) + chunk)
+        header = HEADER.pack(channel, len(chunk))
+        with signer.lock:  # numbers and the bytes on the wire in the same order
+            tag = signer.tag(signer.outgoing, signer.sent, header, chunk)
+            signer.sent += 1
+            sock.sendall(header + chunk + tag)
 
 
 class FrameReader:
-    """Reads frames off a blocking socket; `buffer` holds bytes already read past the handshake."""
+    """Reads signed frames off a blocking socket; `buffer` holds bytes already read past the handshake."""
 
-    def __init__(self, sock: socket.socket, buffer: bytes = b""):
-        self.sock, self.buffer = sock, buffer
+    def __init__(self, sock: socket.socket, signer: FrameSigner, buffer: bytes = b""):
+        self.sock, self.signer, self.buffer = sock, signer, buffer
 
     def _fill(self, size: int) -> bool:
         while len(self.buffer) < size:
-            chunk = self.sock.recv(MAX_FRAME + HEADER.size)
+            chunk = self.sock.recv(MAX_FRAME + HEADER.size + TAG)
             if not chunk:
                 return False
             self.buffer += chunk
         return True
 
     def read(self) -> tuple[int, bytes] | None:
-        """The next (channel, data), None when the peer closed; FrameError for garbage, OSError passes."""
+        """The next (channel, data), None when the peer closed; FrameError for garbage or a frame this
+        connection's peer did not send in this place (injected, replayed, reordered); OSError passes."""
         if not self._fill(HEADER.size):
             return None
         channel, length = HEADER.unpack_from(self.buffer)
         if length > MAX_FRAME or channel not in (START, STDIN, STDIN_EOF, STDOUT, STDERR, EXIT):
             raise FrameError(f"bad frame header (channel {channel}, length {length})")
-        if not self._fill(HEADER.size + length):
+        end = HEADER.size + length
+        if not self._fill(end + TAG):
             return None
-        data = self.buffer[HEADER.size:HEADER.size + length]
-        self.buffer = self.buffer[HEADER.size + length:]
+        header, data, tag = self.buffer[:HEADER.size], self.buffer[HEADER.size:end], self.buffer[end:end + TAG]
+        self.buffer = self.buffer[end + TAG:]
+        signer = self.signer
+        if not hmac.compare_digest(tag, signer.tag(signer.incoming, signer.received, header, data)):
+            raise FrameError(f"frame {signer.received} is not signed with this connection's key (injected, "
+                             "replayed or reordered on the way)")
+        signer.received += 1
         return channel, data
 
 
@@ -193,7 +239,7 @@ class Doorway:
                                   f"{self.port}: {e}"})
             return
         try:
-            self._answer(caller, {"ok": True}, channel.sock.fileno())
+            self._answer(caller, {"ok": True, "session": channel.session.hex()}, channel.sock.fileno())
         finally:
             channel.close()  # the agent holds its own copy now
 
@@ -230,9 +276,10 @@ def gang_agent_failed(host: str, why: str) -> int:
     return EXIT_AGENT_FAILED
 
 
-def ask_doorway(path: Path, host: str, command: str) -> socket.socket | None:
-    """The authenticated connection to `host`'s mpi-worker, from the launcher's doorway; None when `host` is the
-    launcher's own pod (run the command here); RuntimeError says why there is none."""
+def ask_doorway(path: Path, host: str, command: str) -> tuple[socket.socket, FrameSigner] | None:
+    """The authenticated connection to `host`'s mpi-worker and the signer of its frames, from the launcher's
+    doorway; None when `host` is the launcher's own pod (run the command here); RuntimeError says why there is
+    none."""
     try:
         mode = os.lstat(path.parent).st_mode
     except OSError:
@@ -256,8 +303,9 @@ def ask_doorway(path: Path, host: str, command: str) -> socket.socket | None:
             answer = {}
         if answer.get("ok") and answer.get("local") and not fds:
             return None
-        if answer.get("ok") and len(fds) == 1:
-            return socket.socket(fileno=fds[0])
+        session = answer.get("session")
+        if answer.get("ok") and len(fds) == 1 and isinstance(session, str) and len(session) == 2 * TAG:
+            return socket.socket(fileno=fds[0]), FrameSigner.agent(bytes.fromhex(session))
         for fd in fds:
             os.close(fd)
         raise RuntimeError(answer.get("error") or "the launcher's doorway closed without an answer")
@@ -267,15 +315,15 @@ def ask_doorway(path: Path, host: str, command: str) -> socket.socket | None:
         sock.close()
 
 
-def pump_stdin(sock: socket.socket, stdin: int) -> None:
+def pump_stdin(sock: socket.socket, signer: FrameSigner, stdin: int) -> None:
     """Our stdin to the remote command, then STDIN_EOF; one frame at a time (bounded)."""
     try:
         while True:
             data = os.read(stdin, MAX_FRAME)
             if not data:
-                send_frame(sock, STDIN_EOF)
+                send_frame(sock, signer, STDIN_EOF)
                 return
-            send_frame(sock, STDIN, data)
+            send_frame(sock, signer, STDIN, data)
     except OSError:
         return
 
@@ -289,24 +337,25 @@ def write_all(fd: int, data: bytes) -> None:
 def run_agent(host: str, command: str, doorway: Path) -> int:
     """Run `command` in `host`'s pod through its mpi-worker; returns its exit code (255 when it could not run)."""
     try:
-        sock = ask_doorway(doorway, host, command)
+        link = ask_doorway(doorway, host, command)
     except RuntimeError as e:
         return gang_agent_failed(host, str(e))
-    if sock is None:  # the launcher's own pod: this container, as ssh to oneself would reach it
+    if link is None:  # the launcher's own pod: this container, as ssh to oneself would reach it
         try:
             os.execv(REMOTE_SHELL, [REMOTE_SHELL, "-c", command])
         except OSError as e:
             return gang_agent_failed(host, f"cannot run {REMOTE_SHELL}: {e.strerror or e}")
+    sock, signer = link
     with sock:
         sock.settimeout(None)
         try:
-            send_frame(sock, START)
+            send_frame(sock, signer, START)
             try:
                 os.fstat(0)
-                threading.Thread(target=pump_stdin, args=(sock, 0), daemon=True).start()
+                threading.Thread(target=pump_stdin, args=(sock, signer, 0), daemon=True).start()
             except OSError:
-                send_frame(sock, STDIN_EOF)  # no stdin at all
-            reader = FrameReader(sock)
+                send_frame(sock, signer, STDIN_EOF)  # no stdin at all
+            reader = FrameReader(sock, signer)
             while True:
                 frame = reader.read()
                 if frame is None:

@@ -284,6 +284,10 @@ def launch(gang: GangView, env: Mapping[str, str], cmd: Sequence[str]) -> int:
     setup = control.Setup(transport, str(agent_path), str(run_dir or ""))
     started = time.monotonic()
     key = control.gang_token(env)  # once: kept in this process's memory, handed to no child
+    if not key and remote:
+        # Every transport's control channel is signed with the key, and no worker accepts an empty one (issue 31).
+        raise ConfigError("no gang key (the notary gave none, see above): no worker accepts a launcher without one; "
+                          f"fix the notary ({keys.TH_NOTARY})")
     links, errors = reach_workers(gang, remote, port, gang.wait_timeout, key, setup)
     missing = [w for w in remote if w.rank not in links]
     if missing:
@@ -298,9 +302,9 @@ def launch(gang: GangView, env: Mapping[str, str], cmd: Sequence[str]) -> int:
     slots[gang.rank] = own_slots
     hosts = [(w.address, slots[w.rank]) for w in workers]
     try:
-        if transport == "gang" and not key:
+        if transport == "gang" and not key:  # a launcher alone (no remote worker): its doorway serves nobody
             raise ConfigError("no gang key (no notary answered, see above): the gang transport starts nothing "
-                              f"without one; fix the notary, or pick ssh with {kubexec_module.TH_MPI_TRANSPORT}=ssh")
+                              f"without one; fix the notary ({keys.TH_NOTARY})")
         write_config_file(hostfile_path, mpi.hostfile(hosts, implementation), 0o644)
         doorway_path = gang_transport.doorway_path(agent_path) if transport == "gang" else None
         write_config_file(agent_path, kubexec_module.agent_script(transport, run_dir, doorway_path), 0o755)

@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 from trainhook.gang import keys
 from trainhook.launcher.mpi.control import LineSocket
 from trainhook.launcher.mpi.gang_transport import (EXIT, EXIT_AGENT_FAILED, MAX_FRAME, START, STDERR, STDIN, STDIN_EOF,
-                                         STDOUT, FrameError, FrameReader, send_frame)
+                                                   STDOUT, FrameError, FrameReader, FrameSigner, send_frame)
 from trainhook.launcher.process import exit_code
 
 REMOTE_SHELL = "/bin/sh"
@@ -115,8 +115,9 @@ class Children:
                 pass
 
 
-def feed_stdin(reader: FrameReader, proc: subprocess.Popen, lost: threading.Event) -> None:
-    """The agent's frames into the command's stdin until the agent hangs up (then `lost` is set)."""
+def feed_stdin(reader: FrameReader, proc: subprocess.Popen, lost: threading.Event, refused: list[str]) -> None:
+    """The agent's frames into the command's stdin until the agent hangs up or a frame fails its check (then
+    `lost` is set; `refused` says why a frame was refused)."""
     stdin = proc.stdin
     try:
         while True:
@@ -134,12 +135,14 @@ def feed_stdin(reader: FrameReader, proc: subprocess.Popen, lost: threading.Even
             elif channel == STDIN_EOF and stdin is not None:
                 stdin.close()
                 stdin = None
-    except (OSError, FrameError):
+    except FrameError as e:
+        refused.append(str(e))
+    except OSError:
         pass
     lost.set()
 
 
-def relay_output(sock, proc: subprocess.Popen, children: Children, lost: threading.Event) -> None:
+def relay_output(sock, signer: FrameSigner, proc: subprocess.Popen, children: Children, lost: threading.Event) -> None:
     """The command's stdout and stderr to the agent until both close (or DRAIN_GRACE after the command ended)."""
     pipes = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}  # type: ignore[union-attr]
     ended_at = None
@@ -148,7 +151,7 @@ def relay_output(sock, proc: subprocess.Popen, children: Children, lost: threadi
         for fd in readable:
             data = os.read(fd, MAX_FRAME)
             if data:
-                send_frame(sock, pipes[fd], data)
+                send_frame(sock, signer, pipes[fd], data)
             else:
                 del pipes[fd]
         if ended_at is None and children.poll(proc) is not None:
@@ -171,10 +174,13 @@ def close_gently(sock, feeder: threading.Thread) -> None:
 
 
 def run_spawn(channel: LineSocket, command: str, children: Children, env: Mapping[str, str], deadline: float,
-              say: Callable[[str], None]) -> None:
-    """Serve one authenticated spawn connection to its end (the socket is closed when this returns)."""
+              say: Callable[[str], None], session: bytes) -> None:
+    """Serve one authenticated spawn connection to its end (the socket is closed when this returns). Its frames
+    are signed with `session` both ways: the first must be the agent's START, and a frame that fails its check
+    ends the connection and stops the command, as the agent's going away does."""
     sock = channel.sock
-    reader = FrameReader(sock, channel.buffer)
+    signer = FrameSigner.worker(session)
+    reader = FrameReader(sock, signer, channel.buffer)
     proc = None
     try:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
@@ -185,15 +191,16 @@ def run_spawn(channel: LineSocket, command: str, children: Children, env: Mappin
         try:
             proc = children.start(command, env)
         except OSError as e:
-            send_frame(sock, STDERR, f"trainhook-launch mpi-worker: cannot run {REMOTE_SHELL}: {e.strerror or e}\n"
-                       .encode())
-            send_frame(sock, EXIT, str(EXIT_AGENT_FAILED).encode())
+            send_frame(sock, signer, STDERR, f"trainhook-launch mpi-worker: cannot run {REMOTE_SHELL}: "
+                       f"{e.strerror or e}\n".encode())
+            send_frame(sock, signer, EXIT, str(EXIT_AGENT_FAILED).encode())
             return
         lost = threading.Event()
-        feeder = threading.Thread(target=feed_stdin, args=(reader, proc, lost), daemon=True)
+        refused: list[str] = []
+        feeder = threading.Thread(target=feed_stdin, args=(reader, proc, lost, refused), daemon=True)
         feeder.start()
         try:
-            relay_output(sock, proc, children, lost)
+            relay_output(sock, signer, proc, children, lost)
         except OSError:
             lost.set()
         code = children.poll(proc)
@@ -202,9 +209,10 @@ def run_spawn(channel: LineSocket, command: str, children: Children, env: Mappin
             code = children.poll(proc)
         if code is None:
             code = children.stop(proc)
-            say(f"the agent of `{command[:60]}` went away; stopped it ({code})")
+            say(f"refused a frame from the agent of `{command[:60]}` ({refused[0]}); stopped it ({code})" if refused
+                else f"the agent of `{command[:60]}` went away; stopped it ({code})")
             return
-        send_frame(sock, EXIT, str(code).encode())
+        send_frame(sock, signer, EXIT, str(code).encode())
         close_gently(sock, feeder)
     except (OSError, FrameError):
         if proc is not None and children.poll(proc) is None:

@@ -19,12 +19,16 @@ spawned is killed when it ends.
 from __future__ import annotations
 
 import os
+import random
 import select
 import signal
 import subprocess
+import threading
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from trainhook.gang import keys
+from trainhook.launcher import notary_client
 from trainhook.launcher.mpi import control
 from trainhook.launcher.mpi.doorman import Doorman
 from trainhook.launcher.mpi.spawn import Children
@@ -40,6 +44,57 @@ EXIT_SERVICE_FAILED = 1
 
 
 say = speaker("mpi-worker")
+
+
+ASK_WINDOW = 30.0  # one round of gang_key's own jittered asking (0.2-2 s apart) ...
+ASK_PAUSE_MAX = 30.0  # ... then a pause growing from 1 s to this before the next round
+
+
+class GangKey:
+    """A worker's gang key, asked for in the background until the notary gives it (issue 31): the worker listens
+    at once, refuses every launcher while it has none (NO_KEY, which the launcher retries), and never falls back
+    to an empty key. `ask` is how one round asks (notary_client.gang_key by default)."""
+
+    def __init__(self, env: Mapping[str, str], say: Callable[[str], None],
+                 ask: Callable[[float], bytes] | None = None):
+        self.env, self.say, self.ask = env, say, ask
+        self.key, self.why = b"", "not asked yet"
+        self.done = threading.Event()
+
+    def start(self) -> GangKey:
+        threading.Thread(target=self._run, daemon=True, name="trainhook-gang-key").start()
+        return self
+
+    def get(self) -> bytes:
+        return self.key
+
+    def _run(self) -> None:
+        ask = self.ask
+        if ask is None:
+            try:
+                notary = notary_client.from_env(self.env)
+            except notary_client.NotaryError as e:
+                self.why = str(e)
+                self.say(f"no gang key: {e}; this worker accepts no launcher")
+                return
+            if notary is None:
+                self.why = f"{keys.TH_NOTARY} is not set (a webhook without a notary?)"
+                self.say(f"no gang key: {self.why}; this worker accepts no launcher")
+                return
+            namespace, job = self.env.get(keys.TH_NAMESPACE, ""), self.env.get(keys.TH_JOB_NAME, "")
+            ask = lambda window: notary.gang_key(namespace, job, window, self.say)  # noqa: E731
+        pause = 1.0
+        while not self.done.is_set():
+            try:
+                self.key = ask(ASK_WINDOW)
+                if self.key:
+                    return
+            except notary_client.NotaryError as e:
+                self.why = str(e)
+                self.say(f"still no gang key ({e}); this worker accepts no launcher until it has one, asking again "
+                         f"in {pause:g}s")
+            self.done.wait(random.uniform(pause / 2, pause))
+            pause = min(pause * 2, ASK_PAUSE_MAX)
 
 
 def own_slots(env: Mapping[str, str]) -> int:
@@ -116,7 +171,7 @@ def serve(gang: GangView, env: Mapping[str, str], command: Sequence[str] = ()) -
     children = Children()
     pid1 = children.reaps_all = os.getpid() == 1
     service = Service(command, children)
-    doorman = Doorman(gang, slots, control.gang_token(env), say, children, env)
+    doorman = Doorman(gang, slots, GangKey(env, say).start().get, say, children, env)
     launcher: control.LineSocket | None = None
     deadline = time.monotonic() + gang.wait_timeout
     say(f"{gang.me} waiting for the launcher on port {port} ({slots} slot{'s' if slots != 1 else ''})")
