@@ -88,6 +88,9 @@ def test_the_remaining_time_is_estimated_from_the_rate_and_restarts_with_the_ste
     eta(given, first, now=30.0)
     assert given["etaSeconds"] == 5  # the training's own estimate wins
     assert eta({"step": 3, "totalSteps": 1000}, first, now=40.0) == (40.0, 3)  # a gang restart: measured afresh
+    done = {"step": 1000, "totalSteps": 1000}
+    eta(done, first, now=50.0)
+    assert "etaSeconds" not in done  # nothing left: no "about 0s left"
 
 
 class Clock:

@@ -39,12 +39,14 @@ def in_rank_order(pods: list[dict]) -> list[dict]:
 
 
 def wait_for_pods(cluster: Cluster, name: str, timeout: float | None = None) -> tuple[GangState, list[dict]]:
-    """The gang once it has pods or is finished (a follower started before the pods exist, e.g. right after
-    create_job); returns at once for a gang that does not exist, and after `timeout` seconds whatever it is."""
+    """The gang once it has a pod for each of its members, or is finished (a follower started before the pods
+    exist, e.g. right after create_job: a controller creates a gang's pods one call at a time, so returning at the
+    first pod left out the ranks whose pods came a moment later, issue 33); returns at once for a gang that does
+    not exist, and after `timeout` seconds whatever it is."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         state, pods = state_of(cluster, name)
-        if pods or state.finished or state.outcome == "NotFound":
+        if (pods and len(pods) >= state.size) or state.finished or state.outcome == "NotFound":
             return state, pods
         if deadline is not None and time.monotonic() >= deadline:
             return state, pods

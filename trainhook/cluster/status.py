@@ -332,7 +332,8 @@ def format_progress(progress: dict | None) -> list[str]:
         return []
     line = f"progress: {progress.get('summary') or '-'}" + (f" (reported {progress['time']})"
                                                            if progress.get("time") else "")
-    metrics = progress.get("metrics") if isinstance(progress.get("metrics"), dict) else {}
+    metrics = progress.get("metrics")
+    metrics = metrics if isinstance(metrics, dict) else {}
     shown = " ".join(f"{k}={v:g}" for k, v in metrics.items() if isinstance(v, (int, float)))
     return [line] + ([f"last metrics: {shown}"] if shown else [])
 

@@ -197,7 +197,7 @@ def eta(detail: Dict[str, object], first: Optional[tuple], now: float) -> Option
         return first
     if first is None or step < first[1]:
         return (now, step)
-    if "etaSeconds" not in detail and isinstance(total, int) and step > first[1] and now > first[0]:
+    if "etaSeconds" not in detail and isinstance(total, int) and total > step > first[1] and now > first[0]:
         detail["etaSeconds"] = int(max(0, total - step) * (now - first[0]) / (step - first[1]))
     return first
 
@@ -275,6 +275,7 @@ class Forwarder:
         if raw is not None:
             try:
                 self.pending = normalize(raw, self.stamp())
+                self.first = eta(self.pending, self.first, self.clock())
             except ValueError:
                 pass
         if self.pending is not None and self.sent_at is not None:
