@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 
-from trainhook.webhook.admission.member import Member, Problems
+from trainhook.webhook.admission.frameworks import MAX_LISTED_MEMBERS, check_listed_length, check_listed_size
+from trainhook.webhook.admission.member import Member, Problems, Shape
 
 MX_CONFIG = "MX_CONFIG"
 DMLC_PS_ROOT_PORT = "DMLC_PS_ROOT_PORT"
@@ -39,10 +40,20 @@ def mx_config(member: Member) -> str:
     return json.dumps(config, separators=(",", ":"))
 
 
+def check_shape(shape: Shape, problems: Problems) -> None:
+    """MX_CONFIG lists every member in every pod: at most MAX_LISTED_MEMBERS (frameworks/__init__.py says why)."""
+    check_listed_size(shape, MX_CONFIG, "mxnet", problems)
+
+
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
+    check_shape(member.shape, problems)
+    if member.shape.size > MAX_LISTED_MEMBERS:
+        return []
+    config = mx_config(member)
+    check_listed_length(MX_CONFIG, config, problems)
     has_scheduler = member.shape.count("scheduler") > 0
     env = [
-        (MX_CONFIG, mx_config(member)),
+        (MX_CONFIG, config),
         (DMLC_PS_ROOT_PORT, str(member.port) if has_scheduler else "0"),
         (DMLC_PS_ROOT_URI, member.address("scheduler", 0) if has_scheduler else ""),
         (DMLC_NUM_SERVER, str(member.shape.count("server"))),

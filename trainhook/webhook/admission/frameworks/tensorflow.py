@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from trainhook.gang import keys
 from trainhook.gang.wiring import TF_CONFIG, cluster_spec, tf_config
+from trainhook.webhook.admission.frameworks import MAX_LISTED_MEMBERS, check_listed_length, check_listed_size
 from trainhook.webhook.admission.member import Member, Problems, Shape
 
 # Roles TensorFlow allows at most one task of (its multi_worker_util._validate_cluster_spec refuses more).
@@ -44,6 +45,8 @@ def check_shape(shape: Shape, problems: Problems) -> None:
         if shape.count(role) > 1:
             problems.add(keys.REPLICAS, text, f"TensorFlow allows at most one {role} task",
                          f"set {role}=1 and put the other replicas in the worker role")
+    if is_distributed(shape):
+        check_listed_size(shape, TF_CONFIG, "tensorflow", problems)
     if shape.count("ps") and not (shape.count("chief") or shape.count("master") or shape.count("worker")):
         problems.add(keys.REPLICAS, text, "parameter servers with no chief or worker to train",
                      "add chief=1 (the ParameterServerStrategy coordinator) and workers")
@@ -51,7 +54,8 @@ def check_shape(shape: Shape, problems: Problems) -> None:
 
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
     check_shape(member.shape, problems)
-    if not is_distributed(member.shape):
+    if not is_distributed(member.shape) or member.shape.size > MAX_LISTED_MEMBERS:
         return []
     addresses = {role: member.addresses(role) for role in member.shape.roles}
-    return [(TF_CONFIG, tf_config(cluster_spec(addresses, member.port), member.role, member.index))]
+    value = tf_config(cluster_spec(addresses, member.port), member.role, member.index)
+    return [(TF_CONFIG, value)] if check_listed_length(TF_CONFIG, value, problems) else []

@@ -16,6 +16,7 @@ MASTER_PORT, RANK and WORLD_SIZE in their own code.
 from __future__ import annotations
 
 from trainhook.gang import keys
+from trainhook.webhook.admission.frameworks import MAX_LISTED_MEMBERS, check_listed_length, check_listed_size
 from trainhook.webhook.admission.member import Member, Problems, Shape, at_most_one
 
 # Read by LightGBM-style code (Kubeflow's lightgbm-dist example): the other members and their port.
@@ -30,6 +31,7 @@ DMLC_NUM_WORKER = "DMLC_NUM_WORKER"
 
 def check_shape(shape: Shape, problems: Problems) -> None:
     at_most_one(shape, "master", "an XGBoost gang", problems, why="it runs the tracker")
+    check_listed_size(shape, WORKER_ADDRS, "xgboost", problems)  # frameworks/__init__.py says why
 
 
 def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, str]]:
@@ -44,8 +46,10 @@ def build_env(member: Member, gpus: int, problems: Problems) -> list[tuple[str, 
         # the same, and "1" says what it does (the contract's value for PyTorch and Paddle).
         (keys.PYTHONUNBUFFERED, "1"),
     ]
-    if member.shape.size > 1:
-        env += [(WORKER_PORT, port), (WORKER_ADDRS, ",".join(member.all_addresses[1:]))]
+    if 1 < member.shape.size <= MAX_LISTED_MEMBERS:
+        workers = ",".join(member.all_addresses[1:])
+        check_listed_length(WORKER_ADDRS, workers, problems)
+        env += [(WORKER_PORT, port), (WORKER_ADDRS, workers)]
     env += [
         (DMLC_TRACKER_URI, master),
         (DMLC_TRACKER_PORT, port),
