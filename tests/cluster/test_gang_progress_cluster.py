@@ -4,14 +4,17 @@ no Kubernetes permission), its training appends reports to TRAINHOOK_PROGRESS_FI
 console script, `--notary-authority cluster`) writes them on the StatefulSet; then `kubectl get -L`'s label, `trainhook
 status`, `trainhook list -A -l -o json` and the SDK's get_job read them back through the real API server. And the
 follower of a gang's logs waits for every member's pod, created one by one (get_job_logs(follow=True) right after
-create_job missed the last rank)."""
+create_job missed the last rank). And the notary's gang metrics, scraped from the webhook's /metrics after real
+launchers' gangs succeed, fail and restart."""
 
 from __future__ import annotations
 
 import json
+import ssl
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 from kubernetes import client
@@ -99,3 +102,45 @@ def test_a_log_follower_waits_for_every_members_pod_not_the_first(control_plane,
         cluster.close()
     assert state.size == 3
     assert sorted(p["metadata"]["name"] for p in pods) == ["g-0", "g-1", "g-2"]
+
+
+def scrape(hook) -> dict[tuple[str, tuple], float]:
+    """Every sample of the webhook's /metrics (its admission port, as the chart's ServiceMonitor scrapes it), read
+    by prometheus_client's own text parser: {(name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    context = ssl.create_default_context(cafile=str(hook.ca_file))
+    with urllib.request.urlopen(hook.url + "/metrics", context=context, timeout=10) as answer:
+        text = answer.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_gangs_that_succeed_fail_and_restart_are_counted_in_the_webhooks_metrics(
+        notary, control_plane, k8s_namespace, tmp_path):
+    api = control_plane.api_client()
+    ns = k8s_namespace
+    restart_on_kill = ("import os, signal\nif os.environ['TRAINHOOK_ATTEMPT'] == '1': "
+                       "os.kill(os.getpid(), signal.SIGKILL)")
+    runs = [("good", "print('ok')", 0, {}), ("bad", "raise SystemExit(3)", 3, {}),
+            ("again", restart_on_kill, 0, {"TRAINHOOK_ON_FAILURE": "restart-gang", "TRAINHOOK_MAX_RESTARTS": "2"})]
+    for job, program, code, more in runs:
+        create_gang(api, ns, job, replicas=1)
+        launcher = Launcher(notary, api, ns, f"{job}-0", tmp_path / job, [sys.executable, "-c", program],
+                            TRAINHOOK_JOB_NAME=job, TRAINHOOK_HOSTS=f"worker={job}", TRAINHOOK_SUBDOMAIN=job,
+                            TRAINHOOK_WORKLOAD=f"StatefulSet/{job}", **more)
+        try:
+            launcher.wait_for_line("parked:")
+        finally:
+            assert launcher.stop() == code, launcher.log
+    samples = scrape(notary)
+    gang = (("framework", "pytorch"), ("namespace", ns))
+    assert samples[("trainhook_gangs_started_total", gang)] == 3
+    assert samples[("trainhook_gangs_succeeded_total", gang)] == 2
+    assert samples[("trainhook_gangs_failed_total", gang)] == 1
+    assert samples[("trainhook_gangs_restarted_total", gang)] == 1
+    assert samples[("trainhook_gangs_running", gang)] == 0
+    assert samples[("trainhook_gang_start_seconds_count", (("framework", "pytorch"),))] >= 3
+    assert samples[("trainhook_gang_duration_seconds_count", (("framework", "pytorch"), ("phase", "Failed")))] >= 1
+    assert samples[("trainhook_notary_requests_total", (("call", "/v1/credential"), ("code", "200")))] >= 3
+    assert samples[("trainhook_notary_request_seconds_count", (("call", "/v1/outcome"),))] >= 3
