@@ -25,10 +25,11 @@ gang pod, so nobody else may change what it holds:
   in every namespace, with no hook to run.
 
 RBAC cannot limit `create` by name, nor `get`/`list`/`delete` to names not known when the chart is rendered (the
-hash is the webhook image's), nor by label: the chart's ClusterRole grants create/get/list/delete on ConfigMaps
-and list on Pods, and this module is what limits the webhook to its own (the name prefix, its labels, its owner,
-a delete precondition on the uid it checked). It is a ClusterRole so that `trainingNamespaces` may name namespaces
-that do not exist yet: the webhook writes the ConfigMap once they do.
+hash is the webhook image's), nor by label: the chart's Role in each of `trainingNamespaces` (never a ClusterRole:
+that would reach kube-system's ConfigMaps) grants create/get/list/delete on ConfigMaps and list on Pods there, the
+chart's ValidatingAdmissionPolicy keeps creates and deletes to `trainhook-launcher-*` where the API server serves
+it, and this module is what limits the webhook to its own (the name prefix, its labels, its owner, a delete
+precondition on the uid it checked).
 
 Admission never calls the API: the namespaces where the ConfigMap was written and checked are in the Settings each
 review reads. Elsewhere pods get the init container.
@@ -131,8 +132,8 @@ class Keeper:
             except ApiException as e:
                 self.say(f"cannot keep the launcher ConfigMap {namespace}/{self.name} ({e.status} {e.reason}); pods "
                          f"in {namespace} get the launcher from the gang-wait init container instead (slower to "
-                         f"start): create the namespace, or give the webhook's ServiceAccount create/get/list/delete "
-                         f"on configmaps there (the chart's ClusterRole <fullname>-launcher does)")
+                         f"start): create the namespace and list it in the chart's trainingNamespaces (its Role there "
+                         f"gives the webhook's ServiceAccount create/get/list/delete on configmaps)")
                 continue
             done.add(namespace)
             try:
