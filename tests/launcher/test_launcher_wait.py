@@ -22,7 +22,7 @@ from trainhook.launcher.pod_view import GangView, parse_gang
 from trainhook.launcher import reach
 from trainhook.launcher.wait import command as wait_module
 from trainhook.launcher.wait import dns as dns_mode
-from trainhook.launcher.wait.tcp import PROTOCOL, answer, missing_line, parse_missing
+from trainhook.launcher.wait.tcp import PROTOCOL, missing_line, parse_hello, parse_missing
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
 ADDRESSES = ["job-master-0.job", "job-worker-0.job", "job-worker-1.job"]  # ranks 0, 1, 2
@@ -268,8 +268,8 @@ def test_tcp_wait_refuses_a_connection_from_another_gang(network, tmp_path):
     env = lambda rank: pod_env(rank, **{keys.TH_GANG_WAIT: "tcp", keys.TH_REPLICAS: "master=1,worker=1"})  # noqa: E731
     master = network.start(0, two, [*LAUNCH, "wait", "--timeout", "20"], env(0))
     time.sleep(1.0)
-    for line in (f"{PROTOCOL} ns other-job 1", f"{PROTOCOL} other-ns job 1", "trainhook-gang/1 ns job 1",
-                 "GET / HTTP/1.0"):
+    for line in (f"{PROTOCOL} ns other-job 1 {NONCE}", f"{PROTOCOL} other-ns job 1 {NONCE}",
+                 "trainhook-gang/2 ns job 1", "trainhook-gang/1 ns job 1", "GET / HTTP/1.0"):
         stray = subprocess.run(["ip", "netns", "exec", network.pods[1], sys.executable, "-c", HELLO,
                                 network.ips[0], str(keys.GANG_WAIT_PORT), line],
                                capture_output=True, text=True, timeout=20)
@@ -289,21 +289,25 @@ def tcp_gang() -> GangView:
     return parse_gang(pod_env(0, **{keys.TH_GANG_WAIT: "tcp"}))
 
 
+NONCE = "0123456789abcdef0123456789abcdef"
+
+
 @pytest.mark.parametrize("line, rank", [
-    (f"{PROTOCOL} ns job 2", 2),
-    (f"{PROTOCOL} ns job 0", None),  # ourselves: a misrouted address, not a peer
-    (f"{PROTOCOL} ns job 3", None),  # no such rank in this gang
-    (f"{PROTOCOL} ns other 1", None),
+    (f"{PROTOCOL} ns job 2 {NONCE}", 2),
+    (f"{PROTOCOL} ns job 0 {NONCE}", None),  # ourselves: a misrouted address, not a peer
+    (f"{PROTOCOL} ns job 3 {NONCE}", None),  # no such rank in this gang
+    (f"{PROTOCOL} ns other 1 {NONCE}", None),
+    (f"{PROTOCOL} ns job 1", None),  # no nonce: a hello of /2, which counted without any proof (issue 31)
+    ("trainhook-gang/2 ns job 1", None),
     ("trainhook-gang/1 ns job 1", None),  # the all-to-all barrier's hello: an older launcher
     ("", None),
 ])
-def test_a_hello_counts_only_from_a_member_of_the_same_gang(line, rank):
-    got, reply = answer(tcp_gang(), line)
-    assert got == rank
+def test_a_hello_names_a_member_only_of_the_same_gang(line, rank):
+    got = parse_hello(tcp_gang(), line)
     if rank is None:
-        assert reply.startswith("no ")
+        assert isinstance(got, str) and got.startswith("no ")
     else:
-        assert reply == "ok 0"  # our own rank, which the member checks against the address it dialled
+        assert got == (rank, NONCE)  # then the member proves it is rank `rank` (the key, or its address)
 
 
 def test_what_rank_0_tells_its_members_about_the_missing_ones_round_trips():

@@ -1,42 +1,99 @@
-"""The gang wait's `tcp` mode: a star barrier on its own port, rank 0 gathering (wait.py says why and when).
+"""The gang wait's `tcp` mode: a star barrier on its own port, rank 0 gathering (wait.py says why and when); a
+module of its own because the barrier (hello, `missing`, `go`, rank 0's one-thread selector, a member's
+reconnecting join) is needed only in `tcp` mode.
 
-Why a module of its own: the barrier's protocol (hello, `missing`, `go`), rank 0's one-thread gathering over a
-selector and a member's reconnecting join are a third of the gang wait and are needed only in `tcp` mode; the
-names it resolves first are wait_dns.py's, the command around it wait.py.
+Who counts as a member (issue 31: a forged hello from a non-member released rank 0's barrier). Both ends pick a
+fresh nonce per connection; how a member proves itself depends on what the wait holds:
+- `key`: the gang's key, from the notary as the coordinator gets it (notary_client: the pod's identity token), when
+  the webhook named a notary in this container. The member sends HMAC(key, both nonces, its rank), and every line
+  rank 0 sends then (`missing`, `go`) carries an HMAC under both nonces and a line number (as wire.py signs the
+  coordinator's, under this protocol's name): nobody without the key counts, releases a member, or replays a line.
+- `address`: no notary named here (today the webhook gives the identity token to the training container only).
+  Rank 0 counts a hello only from the address the claimed member's own name resolves to (its headless Service
+  record): a pod elsewhere cannot answer for a member; one that takes over a member's address or record can. A
+  member trusts the address it dialled.
+
+    member -> rank 0   trainhook-gang/3 NAMESPACE JOB RANK NM
+    rank 0 -> member   ok RANK0 NC MODE  |  no WHY
+    member -> rank 0   proof HMAC(key, m2c|NC|NM|0|member RANK)                          (`key` only)
+    rank 0 -> member   missing COUNT RANKS [MAC] ... go [MAC]     MAC = HMAC(key, c2m|NC|NM|n|LINE), `key` only
+A member refuses a rank 0 of the other mode: a `key` member is never released by an unsigned `go`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import secrets
 import selectors
 import socket
 import time
+from dataclasses import dataclass, field
 
+from trainhook.launcher import notary_client
 from trainhook.launcher.pod_view import GangView
-from trainhook.launcher.reach import (LISTED, Backoff, PeerAddress, connect_peer, describe, listen, retry_floor,
-                                     search_domain, why)
+from trainhook.launcher.reach import (LISTED, Backoff, PeerAddress, connect_peer, describe, listen, qualified,
+                                     retry_floor, search_domain, why)
 from trainhook.launcher.wait.dns import CONNECT_TIMEOUT, MEMBER_FLOOR, REPORT_EVERY, Progress, Result, say, wait_names
 
-PROTOCOL = "trainhook-gang/2"  # /1 was the symmetric all-to-all barrier; a /1 hello is refused by name
+PROTOCOL = "trainhook-gang/3"  # /2 counted any hello (issue 31); /1 was the symmetric all-to-all barrier
+KEY, ADDRESS = "key", "address"
+TO_RANK0, TO_MEMBER = "m2c", "c2m"
+LOOKUP_EVERY = 1.0  # rank 0 asks a member's name again at most this often (a hello from an address not known yet)
 
 
-def barrier_hello(gang: GangView) -> bytes:
+def gang_wait_key(gang: GangView, deadline: float, env=os.environ) -> bytes:
+    """The gang's key when the webhook named a notary in this container (asked until `deadline`), else b"":
+    the wait then checks addresses. NotaryError when a notary is named and gives none."""
+    notary = notary_client.from_env(env)
+    if notary is None:
+        return b""
+    return notary.gang_key(gang.namespace, gang.job_name, max(1.0, deadline - time.monotonic()), say)
+
+
+def mac(key: bytes, direction: str, rank0_nonce: str, member_nonce: str, number: int, text: str) -> str:
+    message = "|".join((PROTOCOL, direction, rank0_nonce, member_nonce, str(number), text))
+    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+
+
+def plain_ip(address: str) -> str:
+    return address[len("::ffff:"):] if address.startswith("::ffff:") and "." in address else address
+
+
+@dataclass
+class Session:
+    """One member's connection at rank 0: its rank once the hello named it, both nonces, lines signed so far."""
+
+    since: float
+    buffer: bytes = b""
+    rank: int | None = None
+    member_nonce: str = ""
+    rank0_nonce: str = field(default_factory=lambda: secrets.token_hex(16))
+    proven: bool = False
+    sent: int = 0
+
+
+def barrier_hello(gang: GangView, member_nonce: str) -> bytes:
     """The line a member sends rank 0: gang identity first, so a stray connection from another gang is refused."""
-    return f"{PROTOCOL} {gang.namespace} {gang.job_name} {gang.rank}\n".encode()
+    return f"{PROTOCOL} {gang.namespace} {gang.job_name} {gang.rank} {member_nonce}\n".encode()
 
 
-def answer(gang: GangView, line: str) -> tuple[int | None, str]:
-    """Rank 0 judges a hello: (the member's rank, our reply) for our gang, (None, refusal) for anything else."""
+def parse_hello(gang: GangView, line: str) -> tuple[int, str] | str:
+    """Rank 0 reads a hello: (the member's rank, its nonce) for our gang, else the refusal (`no ...`) to answer."""
     parts = line.split()
-    if len(parts) != 4 or not parts[0].startswith("trainhook-gang/"):
-        return None, "no not-a-trainhook-hello"
-    if parts[0] != PROTOCOL:
-        return None, f"no protocol {parts[0]}: this gang's rank 0 speaks {PROTOCOL} (a launcher of another version)"
-    _, namespace, job, rank = parts
+    if not parts or not parts[0].startswith("trainhook-gang/"):
+        return "no not-a-trainhook-hello"
+    if parts[0] != PROTOCOL or len(parts) != 5:
+        return f"no protocol {parts[0]}: this gang's rank 0 speaks {PROTOCOL} (a launcher of another version)"
+    _, namespace, job, rank, member_nonce = parts
     if (namespace, job) != (gang.namespace, gang.job_name):
-        return None, f"no other-gang {gang.namespace}/{gang.job_name}"
+        return f"no other-gang {gang.namespace}/{gang.job_name}"
     if not rank.isdigit() or not 0 <= int(rank) < gang.size or int(rank) == gang.rank:
-        return None, f"no bad-rank {rank}"
-    return int(rank), f"ok {gang.rank}"
+        return f"no bad-rank {rank}"
+    if len(member_nonce) < 16:
+        return "no nonce"
+    return int(rank), member_nonce
 
 
 def missing_line(ranks: list[int]) -> bytes:
@@ -55,18 +112,21 @@ def parse_missing(line: str) -> tuple[int, list[int]] | None:
 class Gathering:
     """Rank 0's side of the tcp barrier: one thread, every connection in one selector.
 
-    A member counts while its connection is open and its hello was accepted; a member that reconnects replaces
-    its previous connection. When every member counts, each is sent `go`; a send that fails drops that member
-    (it reconnects) and the gathering goes on."""
+    A member counts while its connection is open and it has proven itself (the key's HMAC, or its address); a
+    member that reconnects replaces its previous connection. When every member counts, each is sent `go`; a send
+    that fails drops that member (it reconnects) and the gathering goes on. `key` b"": addresses are checked."""
 
-    def __init__(self, gang: GangView, server: socket.socket):
-        self.gang, self.server = gang, server
+    def __init__(self, gang: GangView, server: socket.socket, key: bytes = b""):
+        self.gang, self.server, self.key = gang, server, key
+        self.mode = KEY if key else ADDRESS
         self.selector = selectors.DefaultSelector()
         self.members: dict[int, socket.socket] = {}
         self.released: set[int] = set()  # sent `go`: they may be gone already, and count as there
         self.seen: set[int] = set()  # ever connected: one that left is named as such at the deadline
-        self.pending: dict[socket.socket, tuple[bytes, float]] = {}  # hello not read yet: (bytes so far, since)
+        self.sessions: dict[socket.socket, Session] = {}
         self.told_at = time.monotonic()
+        self.domain = search_domain(gang.namespace)
+        self.known: dict[int, tuple[set[str], float]] = {}  # rank -> (its name's addresses, when asked)
 
     def missing(self) -> list[int]:
         return [p.rank for p in self.gang.others if p.rank not in self.members and p.rank not in self.released]
@@ -83,7 +143,6 @@ class Gathering:
                 progress.update(self.gang.size - 1 - len(missing), [self.gang.peers[r] for r in missing])
                 if not missing and self.release():
                     return []
-                missing = self.missing()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.tell(missing_line(self.missing()))  # the members still waiting hear who is missing
@@ -97,7 +156,7 @@ class Gathering:
                 if time.monotonic() - self.told_at >= REPORT_EVERY:
                     self.tell(missing_line(self.missing()))
         finally:
-            for sock in [*self.members.values(), *self.pending]:
+            for sock in list(self.sessions):
                 sock.close()
             self.selector.close()
 
@@ -105,16 +164,14 @@ class Gathering:
         for _ in range(64):  # take what the backlog holds, a bounded batch per turn
             try:
                 sock, _ = self.server.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # BlockingIOError: the backlog is empty
                 return
             sock.setblocking(False)
-            self.pending[sock] = (b"", time.monotonic())
+            self.sessions[sock] = Session(time.monotonic())
             self.selector.register(sock, selectors.EVENT_READ)
 
     def drop(self, sock: socket.socket) -> None:
-        self.pending.pop(sock, None)
+        self.sessions.pop(sock, None)
         for rank, member in list(self.members.items()):
             if member is sock:
                 del self.members[rank]
@@ -125,7 +182,14 @@ class Gathering:
         sock.close()
 
     def send(self, sock: socket.socket, data: bytes) -> bool:
-        """One short line on a non-blocking socket; a connection that cannot take it at once is dropped."""
+        """One short line on a non-blocking socket (signed for a proven member in `key` mode); a connection that
+        cannot take it at once is dropped."""
+        session = self.sessions.get(sock)
+        if self.key and session is not None and session.proven:
+            text = data.decode().rstrip("\n")
+            tag = mac(self.key, TO_MEMBER, session.rank0_nonce, session.member_nonce, session.sent, text)
+            data = f"{text} {tag}\n".encode()
+            session.sent += 1
         try:
             if sock.send(data) == len(data):
                 return True
@@ -141,23 +205,77 @@ class Gathering:
             return
         except OSError:
             data = b""
-        if not data:  # the member went away (its pod restarted, or a stray hung up)
+        session = self.sessions.get(sock)
+        if not data or session is None:  # the member went away (its pod restarted, or a stray hung up)
             self.drop(sock)
             return
-        if sock not in self.pending:
-            return  # members say nothing after their hello
-        buffer, since = self.pending[sock]
-        buffer += data
-        if b"\n" not in buffer and len(buffer) < 512:
-            self.pending[sock] = (buffer, since)
-            return
-        del self.pending[sock]
-        rank, reply = answer(self.gang, buffer.split(b"\n", 1)[0].decode("utf-8", "replace").strip())
-        if not self.send(sock, reply.encode() + b"\n"):
-            return
-        if rank is None:
+        if session.proven:
+            return  # members say nothing after their proof
+        session.buffer += data
+        while b"\n" in session.buffer and sock in self.sessions and not session.proven:
+            line, session.buffer = session.buffer.split(b"\n", 1)
+            self.judge(sock, session, line.decode("utf-8", "replace").strip())
+        if sock in self.sessions and not session.proven and len(session.buffer) >= 512:
             self.drop(sock)
-            return
+
+    def judge(self, sock: socket.socket, session: Session, line: str) -> None:
+        """The member's hello, then (`key` mode) its proof: refused with a `no` line and dropped, or counted."""
+        if session.rank is None:
+            hello = parse_hello(self.gang, line)
+            if isinstance(hello, str):
+                self.refuse(sock, hello)
+                return
+            session.rank, session.member_nonce = hello
+            if self.mode == ADDRESS:
+                ip = self.peer_ip(sock)
+                if not self.from_member(session.rank, ip):
+                    self.refuse(sock, f"no address {ip} is not where {self.gang.peers[session.rank].address} resolves")
+                    return
+            if not self.send(sock, f"ok {self.gang.rank} {session.rank0_nonce} {self.mode}\n".encode()):
+                return
+            if self.mode == KEY:
+                return  # its proof comes next
+        else:
+            expected = mac(self.key, TO_RANK0, session.rank0_nonce, session.member_nonce, 0, f"member {session.rank}")
+            word, _, proof = line.partition(" ")
+            if word != "proof" or not hmac.compare_digest(proof, expected):
+                self.refuse(sock, "no proof: not signed with this gang's key")
+                return
+        self.count(sock, session)
+
+    def refuse(self, sock: socket.socket, reply: str) -> None:
+        try:
+            sock.send(reply.encode() + b"\n")
+        except OSError:
+            pass
+        self.drop(sock)
+
+    @staticmethod
+    def peer_ip(sock: socket.socket) -> str:
+        try:
+            return plain_ip(str(sock.getpeername()[0]))
+        except OSError:
+            return "?"
+
+    def from_member(self, rank: int, ip: str) -> bool:
+        """Whether `ip` is where member `rank`'s name resolves (asked again at most every LOOKUP_EVERY seconds:
+        a member that restarted has a new address)."""
+        addresses, asked = self.known.get(rank, (set(), 0.0))
+        if ip in addresses:
+            return True
+        if time.monotonic() - asked < LOOKUP_EVERY:
+            return False
+        try:
+            addresses = addresses_of(qualified(self.gang.peers[rank].address, self.domain))
+        except (OSError, UnicodeError):
+            addresses = set()
+        self.known[rank] = (addresses, time.monotonic())
+        return ip in addresses
+
+    def count(self, sock: socket.socket, session: Session) -> None:
+        rank = session.rank
+        assert rank is not None
+        session.proven = True
         previous = self.members.get(rank)
         if previous is not None and previous is not sock:
             self.drop(previous)
@@ -169,10 +287,10 @@ class Gathering:
         self.send(sock, missing_line(self.missing()))
 
     def expire(self) -> None:
-        """Connections that sent no hello within CONNECT_TIMEOUT (a port scan, a stuck peer) are closed."""
+        """Connections that did not prove themselves within CONNECT_TIMEOUT (a port scan, a stuck peer) are closed."""
         now = time.monotonic()
-        for sock, (_, since) in list(self.pending.items()):
-            if now - since > CONNECT_TIMEOUT:
+        for sock, session in list(self.sessions.items()):
+            if not session.proven and now - session.since > CONNECT_TIMEOUT:
                 self.drop(sock)
 
     def tell(self, data: bytes) -> None:
@@ -187,6 +305,10 @@ class Gathering:
             if self.send(sock, b"go\n"):
                 self.released.add(rank)
         return not self.missing()
+
+
+def addresses_of(name: str) -> set[str]:
+    return {plain_ip(str(info[4][0])) for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
 
 
 class Deadline(Exception):
@@ -219,8 +341,30 @@ class Lines:
         return line.decode("utf-8", "replace").strip()
 
 
-def join_gathering(gang: GangView, deadline: float) -> Result:
-    """A member's side of the tcp barrier: connect to rank 0's wait and stay until it says `go`."""
+def rank0_nonce(reply: str | None, rank0: int, mode: str) -> str:
+    """Rank 0's nonce from its `ok` to our hello; ConnectionError for a refusal, or a rank 0 of the other mode."""
+    parts = (reply or "").split()
+    if len(parts) != 4 or parts[:2] != ["ok", str(rank0)]:
+        raise ConnectionError(f"it answered {reply!r}" if reply else "it closed the connection")
+    if parts[3] != mode:
+        raise ConnectionError(f"it checks members by {parts[3]}, this member proves itself by {mode} (the pods were "
+                              "admitted differently: a notary named in one gang-wait container and not the other)")
+    return parts[2]
+
+
+def signed_line(line: str | None, key: bytes, theirs: str, mine: str, number: int) -> str | None:
+    """A line from rank 0 without its MAC, checked (`key` mode); ConnectionError for one rank 0 did not sign."""
+    if line is None or not key:
+        return line
+    text, _, tag = line.rpartition(" ")
+    if not hmac.compare_digest(tag, mac(key, TO_MEMBER, theirs, mine, number, text)):
+        raise ConnectionError(f"a line not signed with the gang's key came from rank 0's address: {text[:40]!r}")
+    return text
+
+
+def join_gathering(gang: GangView, deadline: float, key: bytes = b"") -> Result:
+    """A member's side of the tcp barrier: connect to rank 0's wait, prove it is a member (the key's HMAC, or
+    its address) and stay until rank 0 says `go` (signed, with a key)."""
     rank0 = gang.peers[0]
     target = PeerAddress(rank0.address, search_domain(gang.namespace))  # asked once, not before every connect
     backoff, error, reported, floor = Backoff(MEMBER_FLOOR), "no answer yet", None, MEMBER_FLOOR
@@ -229,16 +373,20 @@ def join_gathering(gang: GangView, deadline: float) -> Result:
         floor = MEMBER_FLOOR
         try:
             with connect_peer(target, gang.gang_wait_port, CONNECT_TIMEOUT) as conn:
-                conn.sendall(barrier_hello(gang))
+                mine = secrets.token_hex(16)
+                conn.sendall(barrier_hello(gang, mine))
                 lines = Lines(conn)
-                reply = lines.read(min(deadline, time.monotonic() + CONNECT_TIMEOUT))
-                if reply != f"ok {rank0.rank}":
-                    raise ConnectionError(f"it answered {reply!r}" if reply else "it closed the connection")
+                theirs = rank0_nonce(lines.read(min(deadline, time.monotonic() + CONNECT_TIMEOUT)), rank0.rank,
+                                     KEY if key else ADDRESS)
+                if key:
+                    conn.sendall(f"proof {mac(key, TO_RANK0, theirs, mine, 0, f'member {gang.rank}')}\n".encode())
+                number = 0
                 if not joined_once:
                     say(f"reached rank 0's gang wait ({rank0}); waiting for it to gather the gang")
                     joined_once = True
                 while True:
-                    line = lines.read(deadline)
+                    line = signed_line(lines.read(deadline), key, theirs, mine, number)
+                    number += 1
                     if line is None:
                         raise ConnectionError("rank 0 closed the connection before every member was there")
                     if line == "go":
@@ -275,16 +423,20 @@ def wait_tcp(gang: GangView, timeout: float) -> Result:
     deadline = time.monotonic() + timeout
     if not gang.others:
         return Result()
+    try:
+        key = gang_wait_key(gang, deadline)
+    except notary_client.NotaryError as e:
+        return Result([gang.me], {gang.rank: f"this pod has no gang key for the tcp barrier: {e}"})
     if gang.rank != 0:
         mine = wait_names([gang.me], deadline, MEMBER_FLOOR, None, domain=search_domain(gang.namespace))
         if mine:
             return Result(mine, {gang.rank: "this pod's own address does not resolve"})
-        return join_gathering(gang, deadline)
+        return join_gathering(gang, deadline, key)
     server = listen(gang.gang_wait_port)
-    say(f"listening on port {gang.gang_wait_port} as {gang.me}: every member connects here")
-    gathering = Gathering(gang, server)
+    say(f"listening on port {gang.gang_wait_port} as {gang.me}: every member connects here (and proves it is one "
+        + ("with the gang's key)" if key else "by its address: no notary is named in this container)"))
+    gathering = Gathering(gang, server, key)
     missing = sorted(gathering.run(deadline), key=lambda r: (r in gathering.seen, r))  # never-seen ones first
     peers = [gang.peers[r] for r in missing]
     return Result(peers, {r: "it reached rank 0's gang wait, then left (its own deadline, or its pod restarted)"
                           if r in gathering.seen else "it has not reached rank 0's gang wait" for r in missing})
-
