@@ -19,7 +19,7 @@ from helpers import wait_for
 from test_notary_cluster import GANG_KEY, create_gang, expected_key, imposter_pod, pod_token
 
 from trainhook.webhook.notary.service import Notary
-from trainhook.webhook.notary.cache import ReviewCache, SharedReads
+from trainhook.webhook.notary.cache import MAX_REFUSALS, ReviewCache, SharedReads
 from trainhook.webhook.notary.cluster import ClusterAuthority
 from trainhook.webhook.notary.membership import Refusal
 
@@ -27,17 +27,25 @@ LONG = 600.0  # seconds: every step of a test happens within the caches' lifetim
 
 
 class CountingAuthority(ClusterAuthority):
-    """The real cluster authority, counting its API calls by kind."""
+    """The real cluster authority, counting every API request it sends by kind (the published keys' reads, the
+    pod watch's lists and watches included)."""
 
-    def __init__(self, api):
-        super().__init__(api)
+    def __init__(self, api, local_tokens: bool = True):
+        super().__init__(api, local_tokens=local_tokens)
         self.calls: collections.Counter[str] = collections.Counter()
 
-    async def _call(self, method, path, body=None, content_type="application/json", query=None):
-        kind = ("review" if "tokenreviews" in path else "pods" if query else
+    def _send(self, method, path, body, content_type, query, timeout, accept="application/json"):
+        kind = ("review" if "tokenreviews" in path else "keys" if path.startswith(("/.well-known/", "/openid/"))
+                else "watch" if ("watch", "true") in query else "pods" if query else
                 "pod" if "/pods/" in path else "workload" if "/statefulsets/" in path or "/jobs/" in path else path)
         self.calls[kind] += 1
-        return await super()._call(method, path, body, content_type, query)
+        return super()._send(method, path, body, content_type, query, timeout, accept)
+
+
+def watching(authority: ClusterAuthority, namespace: str) -> None:
+    """Start the namespace's pod watch (as a first credential call does) and wait until it is live."""
+    authority.pods.lookup(namespace, "-", "-")
+    wait_for(f"the pod watch of {namespace}", lambda: authority.pods.watched[namespace].live, timeout=10)
 
 
 @pytest.fixture
@@ -46,6 +54,7 @@ def notary(control_plane):
     authority = CountingAuthority(api)
     notary = Notary(authority, GANG_KEY, reviews=ReviewCache(max_age=LONG), anchors=SharedReads(ttl=LONG))
     yield notary
+    authority.pods.stop()
     authority.threads.shutdown()
     api.close()
 
@@ -71,13 +80,18 @@ def test_a_gangs_members_share_one_anchor_read_and_their_reviews_are_kept(notary
         return await asyncio.gather(*(notary.verify(token, shared=True) for token in tokens))
 
     gang, key = expected_key(k8s_namespace, "burst", sts["metadata"]["uid"])
-    assert {notary.credential(v)["key"] for v in asyncio.run(together())} == {key}
     calls = notary.authority.calls
-    # Before: 8 reviews, 16 pod GETs (each member's own and rank 0's), 8 StatefulSet GETs.
-    assert calls == {"review": 8, "pod": 9, "workload": 1}, calls
+    watching(notary.authority, k8s_namespace)
+    assert calls == {"pods": 1, "watch": 1}, calls  # the namespace's gang pods: a list, then a watch
     calls.clear()
     assert {notary.credential(v)["key"] for v in asyncio.run(together())} == {key}
-    assert calls == {"pod": 8}, calls  # each member's own pod, read afresh every time: nothing else
+    # Before: 8 reviews, 16 pod GETs (each member's own and rank 0's), 8 StatefulSet GETs; then (issue 22) 8
+    # reviews, 9 pod GETs, 1 StatefulSet GET. Now the API server's discovery document and keys (once for the
+    # notary's life), rank 0's pod and its StatefulSet once for the gang, and nothing per member.
+    assert calls == {"keys": 2, "pod": 1, "workload": 1}, calls
+    calls.clear()
+    assert {notary.credential(v)["key"] for v in asyncio.run(together())} == {key}
+    assert calls == {}, calls  # each member's own pod, from the watch: nothing at all (was 8 pod GETs)
     calls.clear()
     assert asyncio.run(notary.verify(tokens[0])).gang.coordinator  # outcome and event calls: a fresh anchor
     assert calls == {"pod": 2, "workload": 1}, calls
@@ -169,6 +183,7 @@ def test_a_flood_of_bogus_tokens_costs_no_review_and_keeps_the_caches_bounded(co
     authority = CountingAuthority(api)
     notary = Notary(authority, GANG_KEY, reviews=ReviewCache(size=16), anchors=SharedReads(size=8))
     create_gang(api, k8s_namespace, "flooded")
+    watching(authority, k8s_namespace)
     member = pod_token(api, k8s_namespace, "flooded-1")
     key = credential(notary, member)["key"]
     header, payload, _ = member.split(".")
@@ -189,14 +204,14 @@ def test_a_flood_of_bogus_tokens_costs_no_review_and_keeps_the_caches_bounded(co
     garbage = [f"garbage-{n}" for n in range(3000)] + [f"{header}.e30.sig{n}" for n in range(1000)]
     assert asyncio.run(flood(garbage)) == {401: 4000}
     assert authority.calls == {}, authority.calls  # not a JWT naming a pod: refused without asking
-    # The member's own claims with a forged signature: the API server is asked about each, each is refused, and
-    # nothing of them is kept; the member's kept answer stays.
+    # The member's own claims with a forged signature: each is refused against the published keys, with no API
+    # call (before: a TokenReview each), and nothing of them is kept; the member's kept answer stays.
     forged = [f"{header}.{payload}.forged{n}" for n in range(200)]
     assert asyncio.run(flood(forged)) == {401: 200}
-    assert authority.calls["review"] == 200
-    assert len(notary.reviews) == 1
+    assert authority.calls == {}, authority.calls
+    assert len(notary.reviews) == 1 and len(notary.refused) <= MAX_REFUSALS  # 4,200 refusals, kept bounded
     assert len(notary.anchors) == 1 and not notary.anchors.flying
-    authority.calls.clear()
     assert credential(notary, member)["key"] == key
-    assert authority.calls == {"pod": 1}, authority.calls
+    assert authority.calls == {}, authority.calls  # its pod from the watch, its anchor kept
+    authority.pods.stop()
     authority.threads.shutdown()

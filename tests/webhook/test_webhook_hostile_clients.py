@@ -175,3 +175,78 @@ def test_trickled_bodies_share_one_budget_and_the_one_beyond_it_is_answered_503(
         second.close()
     finally:
         hook.stop()
+
+
+SLOW_BODIES = 600  # issue 31 item 3: what one pod of another namespace opened
+ANSWERED_WITHIN = 2.0  # seconds
+ANSWERED_SHARE = 0.99
+ATTACKER = "127.0.0.2"  # one source, as one pod is: loopback's 127/8 lets the test be another address than the client
+
+
+class SlowBodies(threading.Thread):
+    """Keeps `count` connections open that finish TLS and send a complete POST head announcing a 60,000-byte body,
+    and never send the body; each one the server closes is opened again, for as long as the thread runs."""
+
+    def __init__(self, address: tuple[str, int], context: ssl.SSLContext, path: str, count: int = SLOW_BODIES,
+                 headers: str = "") -> None:
+        super().__init__(daemon=True)
+        self.address, self.context, self.count, self.stop = address, context, count, threading.Event()
+        self.head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+                     "Content-Length: 60000\r\n\r\n").encode()
+        self.opened = 0
+        self.held: list[socket.socket] = []
+
+    def open_one(self) -> socket.socket | None:
+        try:
+            raw = socket.create_connection(self.address, timeout=5, source_address=(ATTACKER, 0))
+            tls = self.context.wrap_socket(raw, server_hostname=self.address[0])
+            tls.sendall(self.head)
+            self.opened += 1
+            return tls
+        except OSError:  # closed by the server while opening: open another
+            return None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.held = [s for s in self.held if not closed_by_server(s) or s.close()]
+            while len(self.held) < self.count and not self.stop.is_set():
+                sock = self.open_one()
+                if sock is not None:
+                    self.held.append(sock)
+            self.stop.wait(0.05)
+        for sock in self.held:
+            sock.close()
+
+
+def within(answers: list[tuple[object, float]], ok: object) -> float:
+    """The share of `answers` ((status, seconds)) that were `ok` within ANSWERED_WITHIN seconds."""
+    return sum(1 for status, seconds in answers if status == ok and seconds < ANSWERED_WITHIN) / len(answers)
+
+
+def test_six_hundred_heads_without_their_bodies_do_not_keep_reviews_out(tmp_path):
+    """Before: a complete head counted as a request being answered, which the connection cap never evicted, so
+    128 of them closed the port to everyone else until the 10 s body deadline (and the attacker opened more)."""
+    hook = start_webhook(tmp_path, extra_args=["--launcher-image", "registry.example/launcher:1"])
+    host, port = hook.url.removeprefix("https://").split(":")
+    attack = SlowBodies((host, int(port)), ssl.create_default_context(cafile=str(hook.ca_file)), "/mutate")
+    real = RealClient(hook)
+    try:
+        assert hook.post(review(statefulset("warm", 2))).status_code == 200
+        attack.start()
+        while attack.opened < SLOW_BODIES and attack.is_alive():
+            time.sleep(0.1)
+        real.start()
+        time.sleep(15)  # past the body deadline (10 s): the attacker keeps reopening what the server closes
+        real.stop.set()
+        real.join(10)
+        assert attack.opened >= SLOW_BODIES
+        assert len(real.answers) >= 30
+        share = within(real.answers, 200)
+        assert share >= ANSWERED_SHARE, (f"{share:.1%} of {len(real.answers)} reviews answered within "
+                                         f"{ANSWERED_WITHIN:g} s during the flood: {real.answers}")
+    finally:
+        real.stop.set()
+        attack.stop.set()
+        attack.join(10)
+        hook.stop()
+    assert '"evicted: body not sent"' in hook.log_file.read_text()

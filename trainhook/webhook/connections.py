@@ -5,8 +5,16 @@ asyncio's 256 KiB read buffer before its handshake even starts, with no deadline
 or on a request head (aiohttp's only timer is the keep-alive one), so 1,000 clients that open a connection and
 then say nothing took the server past its memory limit (issue 23). Here the accept loop is ours:
 
-- at most MAX_CONNECTIONS open (handshaking included); one more evicts the oldest connection that has not
-  sent a complete request head yet, else the one idle longest between requests, else it is closed at once;
+- at most MAX_CONNECTIONS open (handshaking included); one more evicts a connection of the source address
+  that holds the most (so one pod's flood evicts its own connections, never the API server's or a member's):
+  its oldest connection that has not sent a complete request head yet, else the one whose handler has waited
+  longest (over BODY_STALL) for a body that does not come, else the one idle longest between requests, else any
+  one waiting for its body; a source with none of these is passed over for the next, and with no source left
+  the new connection is closed at once. A complete head with a `Content-Length` and no body used to count as a
+  request being answered, which was never evicted, and the oldest pending connection was evicted whoever's it
+  was: 600 of them from one pod kept members from their keys and the API server's reviews out (issue 31 item 3).
+  A real client's body follows its head within milliseconds, so the connection waiting longest for one is the
+  one that is not sending it;
 - HEAD_DEADLINE from accept for the TLS handshake, and from the first byte of a request head, arriving on an
   idle connection, to the complete head;
 - IDLE_TIMEOUT for an idle connection (after the handshake, or between two requests: aiohttp's keepalive_timeout).
@@ -27,6 +35,7 @@ error (out of file descriptors, a failed handshake): it logs at a bounded rate a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -60,6 +69,8 @@ HEAD_DEADLINE = _env_number("HEAD_DEADLINE", 5.0)
 IDLE_TIMEOUT = _env_number("IDLE_TIMEOUT", 120.0)
 # Open connections at most (the API server keeps a few per replica; it opens more only under a burst).
 MAX_CONNECTIONS = int(_env_number("MAX_CONNECTIONS", 128))
+# Seconds a handler may wait for a body before its connection is evicted ahead of idle ones when room is needed.
+BODY_STALL = _env_number("BODY_STALL", 1.0)
 # Bytes of request bodies being read at one time, over all connections (a review's body is usually in its
 # first read, with the head, and needs none of it).
 BODY_BUDGET = int(_env_number("BODY_BUDGET", 32 * 1024 * 1024))
@@ -76,6 +87,7 @@ class Connection:
 
     accepted: float
     sock: socket.socket | None  # until the handshake ends; then the transport owns it
+    peer: str = ""  # the client's address (its source: what eviction shares room by)
     handshake: asyncio.Task | None = None
     timer: asyncio.TimerHandle | None = None  # the handshake's deadline, then a head's
     head_since: float | None = None  # when a request head began to arrive on the idle connection (loop time)
@@ -83,6 +95,7 @@ class Connection:
     heads: int = 0  # requests whose complete head arrived
     active: int = 0  # requests being answered now
     idle_since: float = field(default=0.0)
+    body_since: float | None = None  # when its handler began to wait for a body not yet arrived (loop time)
 
 
 class RateLimitedLog:
@@ -165,21 +178,38 @@ class ConnectionGuard:
                 conn.handshake.cancel()  # asyncio closes the socket when the handshake is cancelled
             elif conn.sock is not None:
                 conn.sock.close()
-        elif conn.heads == 0:
+        elif conn.heads == 0 or conn.body_since is not None:  # nothing to flush: a body never came
             conn.transport.abort()
         else:
             conn.transport.close()
 
     def _make_room(self) -> bool:
-        pending = next((c for c in self.open if c.heads == 0), None)
-        if pending is not None:
-            self.close(pending, "evicted: no request head yet")
-            return True
-        idle = [c for c in self.open if c.active == 0]
-        if idle:
-            self.close(min(idle, key=lambda c: c.idle_since), "evicted: idle")
-            return True
+        """Close one connection to make room for a new one (see the module docstring for the order), from the
+        source holding the most; False when every connection is answering a request whose body has arrived."""
+        sources: dict[str, list[Connection]] = {}
+        for conn in self.open:  # oldest first within each source
+            sources.setdefault(conn.peer, []).append(conn)
+        for conns in sorted(sources.values(), key=len, reverse=True):
+            victim = self._victim(conns)
+            if victim is not None:
+                self.close(*victim)
+                return True
         return False
+
+    @staticmethod
+    def _victim(conns: list[Connection]) -> tuple[Connection, str] | None:
+        pending = next((c for c in conns if c.heads == 0), None)
+        if pending is not None:
+            return pending, "evicted: no request head yet"
+        waiting = [c for c in conns if c.body_since is not None]
+        stalled = min(waiting, key=lambda c: c.body_since or 0.0) if waiting else None
+        now = asyncio.get_running_loop().time()
+        if stalled is not None and now - (stalled.body_since or now) >= BODY_STALL:
+            return stalled, "evicted: body not sent"
+        idle = [c for c in conns if c.active == 0]
+        if idle:
+            return min(idle, key=lambda c: c.idle_since), "evicted: idle"
+        return (stalled, "evicted: body not sent") if stalled is not None else None
 
     async def serve(self, listener: socket.socket) -> None:
         """The accept loop; runs until cancelled, whatever fails on the way."""
@@ -201,11 +231,15 @@ class ConnectionGuard:
                 sock.close()
 
     def accept(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        if len(self.open) >= self.max_connections and not self._make_room():
+        if len(self.open) >= self.max_connections and not self._make_room():  # (room made before this one counts)
             self.refusals.count("closed at once: every connection is answering a request")
             sock.close()
             return
-        conn = Connection(accepted=loop.time(), sock=sock)
+        try:
+            peer = str(sock.getpeername()[0])
+        except OSError:  # already reset by the client
+            peer = ""
+        conn = Connection(accepted=loop.time(), sock=sock, peer=peer)
         self.open[conn] = None
         conn.timer = loop.call_at(conn.accepted + self.head_deadline, self._check_deadline, conn)
         conn.handshake = loop.create_task(self._handshake(loop, conn, sock))
@@ -263,6 +297,19 @@ class ConnectionGuard:
             conn.active -= 1
             conn.idle_since = time.monotonic()
 
+    @contextlib.contextmanager
+    def awaiting_body(self, transport: asyncio.BaseTransport | None):
+        """Marks the connection as waiting for its request's body while the block runs (a handler's read of a
+        body that did not come with the head): such a connection may be evicted when room is needed."""
+        conn = self.by_transport.get(transport) if transport is not None else None
+        if conn is not None:
+            conn.body_since = asyncio.get_running_loop().time()
+        try:
+            yield
+        finally:
+            if conn is not None:
+                conn.body_since = None
+
     def middleware(self):
         """Marks a connection's request head as complete (aiohttp calls handlers once the head is parsed)."""
         @web.middleware
@@ -294,6 +341,12 @@ class BodyBudget:
 
 GUARD = web.AppKey("connection_guard", ConnectionGuard)
 BUDGET = web.AppKey("body_budget", BodyBudget)
+
+
+def awaiting_body(request: web.Request):
+    """The guard's `awaiting_body` for `request`'s connection (a no-op for an app served without a guard)."""
+    guard = request.app.get(GUARD)
+    return guard.awaiting_body(request.transport) if guard is not None else contextlib.nullcontext()
 
 
 def guard_app(app: web.Application) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from trainhook.webhook.connections import BUDGET, guard_app
+from trainhook.webhook.connections import BUDGET, awaiting_body, guard_app
 from trainhook.webhook.observability import Metrics
 from trainhook.webhook.admission.review import BadReview, json_bytes, review
 from trainhook.webhook.settings import Settings
@@ -87,9 +87,10 @@ async def answer_review(request: web.Request) -> web.Response:
         budget, size = request.app[BUDGET], min(request.content_length or MAX_BODY, MAX_BODY)
         if not budget.take(size):
             return web.json_response({"error": "too many request bodies in flight; retry"}, status=503)
-        try:
+        try:  # evictable while it waits (connections.py): a head whose body never comes must not hold a slot
             async with asyncio.timeout(BODY_DEADLINE):
-                raw = await request.read()
+                with awaiting_body(request):
+                    raw = await request.read()
         except TimeoutError:
             return bad_request(metrics, f"the body did not arrive within {BODY_DEADLINE:.0f} s")
         finally:

@@ -4,11 +4,15 @@ notary caches").
 
 - `ReviewCache`: authenticated TokenReview answers, keyed by the SHA-256 of the token (the token itself is not
   kept), until shortly before the token expires and at most MAX_REVIEW_AGE, at most MAX_REVIEWS of them (LRU).
-  Refusals are not kept: a v1.20 TokenReview says "not authenticated" also when the API server failed to read
-  the token's pod or ServiceAccount, and a member refused by such a hiccup must be asked about again on its next
-  retry. So a flood of bogus tokens adds nothing here. What a kept answer cannot vouch for is re-checked on
-  every request: the pod the token names is read afresh (its uid must be the token's), so a deleted pod's token
-  is refused as before.
+  Refusals are not kept here (see `RefusalCache`). What a kept answer cannot vouch for is re-checked on every
+  request: the pod the token names is read (its uid must be the token's), so a deleted pod's token is refused as
+  before.
+- `RefusalCache`: a token's refusal (401: not authenticated; 403: its pod is gone, recreated or in no gang), by
+  the token's SHA-256, for REFUSAL_TTL seconds, at most MAX_REFUSALS (LRU): the same refused token sent again
+  and again costs neither a verification nor a pod read (issue 31 item 3). Briefly, because a v1.20 TokenReview
+  says "not authenticated" also when the API server failed to read the token's pod or ServiceAccount, and a
+  member refused by such a hiccup must be asked about again soon; and it changes nothing for a member: the
+  launcher takes a 401 or 403 as final. Decisions about the gang (its anchor, 503s) are never kept here.
 - `SharedReads`: single-flight reads with a short lifetime. Concurrent callers that need the same read (a gang's
   anchor: rank 0's pod and its workload) share one API call; the result is kept for `ttl` seconds for callers
   that accept a recent copy, and a caller that must judge on data read after its own request began passes
@@ -36,6 +40,8 @@ log = logging.getLogger("trainhook.webhook.notary")
 MAX_REVIEW_AGE = 120.0  # seconds; Kubernetes' own webhook token cache keeps an answer 2 minutes by default
 EXPIRY_MARGIN = 30.0  # an answer is dropped this long before its token expires
 MAX_REVIEWS = 4096  # authenticated answers: one a member pod, about 2 KB each as dicts
+REFUSAL_TTL = 5.0  # seconds a token's refusal is remembered
+MAX_REFUSALS = 4096
 ANCHOR_TTL = 5.0  # seconds a gang's anchor, once read, serves its members' credential calls
 MAX_READS = 256  # gangs whose anchor is remembered: a pod and a workload each, up to about 80 KB as dicts
 
@@ -98,6 +104,33 @@ class ReviewCache:
 
     def __len__(self) -> int:
         return len(self.authenticated)
+
+
+class RefusalCache:
+    """Refusals by the token's SHA-256, for `ttl` seconds, at most `size` of them (the module docstring)."""
+
+    def __init__(self, ttl: float = REFUSAL_TTL, size: int = MAX_REFUSALS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.ttl, self.clock = ttl, clock
+        self.refused = _Expiring(size, clock)
+
+    def get(self, token: str) -> Any | None:
+        """A new exception like the one kept (never the same object: each raise would lengthen its traceback)."""
+        kept = self.refused.get(ReviewCache.digest(token))
+        if kept is None:
+            return None
+        kind, status, reason, who = kept
+        again = kind(status, reason)
+        again.who = who
+        return again
+
+    def put(self, token: str, refusal: Any) -> None:
+        if refusal.status in (401, 403):
+            self.refused.put(ReviewCache.digest(token), (type(refusal), refusal.status, refusal.reason, refusal.who),
+                             self.clock() + self.ttl)
+
+    def __len__(self) -> int:
+        return len(self.refused)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,13 @@ first) is `Unreachable`: the notary answers 503 and the launcher retries.
 A token that is not a JWT naming a pod and audience `trainhook` is refused without a TokenReview: the review
 could not name a pod for it (notary_membership.identity_from_review would refuse it), so a flood of garbage
 tokens costs the API server nothing.
+
+Tokens are verified locally against the API server's published keys where it serves them (webhook/notary/jwks.py,
+issue 31 item 3): then no token, forged or not, costs a TokenReview. Where it does not (feature detection, in
+jwks.py), TokenReview is the fallback, at most REVIEW_RATE a second (REVIEW_BURST at once): beyond that the
+caller is answered 503 (Retry-After) and the API server is not asked, so a flood of made-up tokens costs the API
+server a bounded rate. A credential call reads its pod from the namespace's watch of gang pods
+(webhook/notary/pod_watch.py: `member_pod`), not with a GET each.
 """
 
 from __future__ import annotations
@@ -19,35 +26,85 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import time
 from typing import Any
 
 from trainhook.gang import keys
 from trainhook.webhook.notary.authority import Conflict, Unreachable
+from trainhook.webhook.notary.jwks import Jwks
 from trainhook.webhook.notary.membership import token_claims
+from trainhook.webhook.notary.pod_watch import WATCH_SECONDS, PodWatches
 
 API_TIMEOUT = 5.0  # seconds per API call (the launcher retries a 503)
 MIN_THREADS, MAX_THREADS = 4, 32
 IDENTITY_AUDIENCES = [keys.IDENTITY_AUDIENCE]
+JWKS_ACCEPT = "application/json, application/jwk-set+json"
+REVIEW_RATE, REVIEW_BURST = 20.0, 50  # TokenReviews a second, and at once, where tokens cannot be checked here
 PATHS = {"StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}",
          "Job": "/apis/batch/v1/namespaces/{namespace}/jobs/{name}"}
 
 
+class TokenBucket:
+    """`rate` a second, `burst` at once: `take()` is False when the caller must not go on now."""
+
+    def __init__(self, rate: float, burst: int, clock=time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens, self.last = float(burst), clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class WatchStream:
+    """A watch's answer read line by line (one JSON event a line), closed by `close()`."""
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+
+    def stream_lines(self):
+        buffered = b""
+        for chunk in self.response.stream(64 * 1024):
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            yield from (line for line in lines if line.strip())
+
+    def close(self) -> None:
+        self.response.release_conn()
+
+
 class ClusterAuthority:
-    def __init__(self, api_client: Any, timeout: float = API_TIMEOUT):
+    def __init__(self, api_client: Any, timeout: float = API_TIMEOUT, local_tokens: bool = True):
+        """`local_tokens`: verify tokens against the published keys where served (False: TokenReview always,
+        for tests of the fallback)."""
         self.api = api_client
         self.timeout = timeout
         pool = getattr(getattr(api_client, "configuration", None), "connection_pool_maxsize", None) or MIN_THREADS
         self.threads = concurrent.futures.ThreadPoolExecutor(max(MIN_THREADS, min(MAX_THREADS, pool)),
                                                              thread_name_prefix="notary-api")
+        # The keys are served only as application/jwk-set+json (406 for application/json, seen on v1.20).
+        self.jwks = Jwks(lambda path: self._call("GET", path, accept=JWKS_ACCEPT)) if local_tokens else None
+        self.reviews = TokenBucket(REVIEW_RATE, REVIEW_BURST)
+        self.pods = PodWatches(self._list_gang_pods_blocking, self._watch_gang_pods_blocking)
 
-    def _call_blocking(self, method: str, path: str, body: object, content_type: str, query: list):
+    def _send(self, method: str, path: str, body: object, content_type: str, query: list, timeout: Any,
+              accept: str = "application/json"):
+        method, url, headers, body, post = self.api.param_serialize(
+            method, path, query_params=query, body=body, auth_settings=["BearerToken"],
+            header_params={"Content-Type": content_type, "Accept": accept})
+        return self.api.call_api(method, url, header_params=headers, body=body, post_params=post,
+                                 _request_timeout=timeout)
+
+    def _call_blocking(self, method: str, path: str, body: object, content_type: str, query: list,
+                       accept: str = "application/json"):
         """One API call (the client's own transport, auth and CA) answering the decoded JSON, or None on 404."""
         try:
-            method, url, headers, body, post = self.api.param_serialize(
-                method, path, query_params=query, body=body, auth_settings=["BearerToken"],
-                header_params={"Content-Type": content_type, "Accept": "application/json"})
-            response = self.api.call_api(method, url, header_params=headers, body=body, post_params=post,
-                                         _request_timeout=self.timeout)
+            response = self._send(method, path, body, content_type, query, self.timeout, accept)
             data = response.read()
         except Exception as e:  # noqa: BLE001 - urllib3's and the client's many kinds: all mean "not now"
             raise Unreachable(f"{method} {path}: {e}") from e
@@ -61,11 +118,11 @@ class ClusterAuthority:
         return json.loads(data) if data else {}
 
     async def _call(self, method: str, path: str, body: object = None, content_type: str = "application/json",
-                    query: list | None = None) -> Any:
+                    query: list | None = None, accept: str = "application/json") -> Any:
         try:
             async with asyncio.timeout(self.timeout + 1):
                 return await asyncio.get_running_loop().run_in_executor(
-                    self.threads, self._call_blocking, method, path, body, content_type, query or [])
+                    self.threads, self._call_blocking, method, path, body, content_type, query or [], accept)
         except TimeoutError:
             raise Unreachable(f"{method} {path}: no answer within {self.timeout:g} s") from None
 
@@ -75,6 +132,11 @@ class ClusterAuthority:
             return {"authenticated": False, "error": "it is not a pod's ServiceAccount token (a JWT naming a pod)"}
         if claims.audiences and keys.IDENTITY_AUDIENCE not in claims.audiences:
             return {"authenticated": False, "error": "the token is not for audience trainhook"}
+        if self.jwks is not None and await self.jwks.served():
+            return await self.jwks.review(token)
+        if not self.reviews.take():
+            raise Unreachable(f"more than {REVIEW_RATE:g} TokenReviews a second asked (this API server does not "
+                              "publish its keys, so each token costs one): retry")
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                 "spec": {"token": token, "audiences": IDENTITY_AUDIENCES}}
         answer = await self._call("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body)
@@ -86,6 +148,26 @@ class ClusterAuthority:
 
     async def get_pod(self, namespace: str, name: str) -> dict | None:
         return await self._call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    async def member_pod(self, namespace: str, name: str, uid: str) -> dict | None:
+        """A credential call's pod: from the namespace's watch when it holds it with `uid`, else a GET."""
+        return self.pods.lookup(namespace, name, uid) or await self.get_pod(namespace, name)
+
+    def _list_gang_pods_blocking(self, namespace: str) -> dict:
+        response = self._send("GET", f"/api/v1/namespaces/{namespace}/pods", None, "application/json",
+                              [("labelSelector", keys.JOB_NAME)], (self.timeout, 60))
+        if response.status != 200:
+            raise RuntimeError(f"list pods of {namespace}: HTTP {response.status} {response.reason}")
+        return json.loads(response.read())
+
+    def _watch_gang_pods_blocking(self, namespace: str, version: str) -> WatchStream:
+        response = self._send("GET", f"/api/v1/namespaces/{namespace}/pods", None, "application/json",
+                              [("labelSelector", keys.JOB_NAME), ("watch", "true"), ("resourceVersion", version),
+                               ("timeoutSeconds", str(WATCH_SECONDS)), ("allowWatchBookmarks", "true")],
+                              (self.timeout, WATCH_SECONDS + 30))
+        if response.status != 200:
+            raise RuntimeError(f"watch pods of {namespace}: HTTP {response.status} {response.reason}")
+        return WatchStream(response.response)
 
     async def list_gang_pods(self, namespace: str, job: str) -> list[dict]:
         answer = await self._call("GET", f"/api/v1/namespaces/{namespace}/pods",

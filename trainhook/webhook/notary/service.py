@@ -7,11 +7,17 @@ pure decision (notary_membership) say whether the pod belongs; what a record doe
 is only the order of the I/O and the HTTP mapping: 401 unauthenticated, 403 refused, 400 malformed, 503 not
 decidable yet (with Retry-After). Refusals are logged once per (pod, reason), at a bounded rate.
 
-At gang start N members ask at once. So the TokenReview runs alongside the GET of the pod the token claims, a
-review's answer is remembered until shortly before the token expires, and the gang's anchor is read once for all
-of them (single-flight) and kept a few seconds for credential calls: webhook/notary/cache.py, and `verify` for
-why a kept copy cannot give a key to anyone fresh reads would refuse. The flags and the authority's choice are in
-notary_settings.py (re-exported here).
+At gang start N members ask at once. So a token is verified against the API server's published keys where it
+serves them (webhook/notary/jwks.py; a TokenReview at a bounded rate elsewhere), a review's answer is remembered
+until shortly before the token expires, a refusal of a token for REFUSAL_TTL seconds, a credential call's pod is
+read from its namespace's watch of gang pods (webhook/notary/pod_watch.py), and the gang's anchor is read once
+for all of them (single-flight) and kept a few seconds for credential calls: webhook/notary/cache.py, and
+`verify` for why a kept copy cannot give a key to anyone fresh reads would refuse.
+
+Nobody unauthenticated can hold the listener (issue 31 item 3): the token, from the request's headers, is checked
+before the body is read; a refusal then closes the connection without reading the body, and a body that does
+not come lets the connection be evicted when room is needed (webhook/connections.py). The flags and the
+authority's choice are in notary_settings.py (re-exported here).
 
 Authorities: `cluster` (webhook/notary/cluster.py: the API server, with the chart's documented RBAC) and
 `local:RUN_DIR` (webhook/notary/local.py: the files a `trainhook local` run writes, its runner playing the API server
@@ -32,7 +38,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from trainhook.webhook.notary.cache import Read, RefusalLog, ReviewCache, SharedReads
+from trainhook.webhook.connections import awaiting_body
+from trainhook.webhook.notary.cache import Read, RefusalCache, RefusalLog, ReviewCache, SharedReads
 from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, Gang, Identity, Place, Refusal, WorkloadRef,
                                                  carries_job, decide, gang_key, gang_workloads, identity_from_review,
                                                  pick_anchor, place_of, token_claims)
@@ -100,6 +107,7 @@ class Notary:
             raise ValueError("the notary needs the gang key (TRAINHOOK_WEBHOOK_GANG_KEY or --gang-key-file)")
         self.authority, self.now = authority, now
         self.refusals = RefusalLog()
+        self.refused = RefusalCache()
         self.bare_outcomes: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self.metrics = NotaryMetrics() if metrics is None else metrics
         self.progress_gate = notary_progress.Gate()  # at most one progress write per gang every few seconds
@@ -111,9 +119,16 @@ class Notary:
         names the gang the requester's own pod names (the key cannot be an earlier job's), and it cannot refuse
         or 503 the requester either. Every other requester is judged on an anchor read after its request began."""
         began = self.anchors.clock()
-        identity, pod = await self._who(token)
+        remembered = self.refused.get(token)
+        if remembered is not None:
+            raise remembered
         try:
+            identity, pod = await self._who(token, shared)
             place = place_of(identity, pod)
+        except Refusal as e:  # who the token is, and that its pod is (still) in a gang: kept REFUSAL_TTL seconds
+            self.refused.put(token, e)
+            raise
+        try:
             anchor = await self._anchor(place, None if shared else began)
             if anchor.started < began and not anchor.value.vouched_by(place):
                 anchor = await self._anchor(place, began)
@@ -123,29 +138,21 @@ class Notary:
             refusal.who = f"{identity.namespace}/{identity.pod}"
             raise refusal from None
 
-    async def _who(self, token: str) -> tuple[Identity, dict | None]:
-        """The token's identity (TokenReview, or its remembered answer) and that pod as read now. Without a
-        remembered answer the pod the token claims is read alongside the review, and used only when the review
-        names that very pod."""
+    async def _who(self, token: str, shared: bool = False) -> tuple[Identity, dict | None]:
+        """The token's identity (verified, or its remembered answer) and that pod as read now. The pod is read only
+        once the token is verified: a token nobody issued makes no read. With `shared` (a credential call) the pod
+        comes from the namespace's watch where the authority keeps one (pod_watch.py says why that is as fresh)."""
         authority, known = self.authority, self.reviews.get(token)
-        if known is not None:
-            identity = identity_from_review(known)
-            return identity, await authority.get_pod(identity.namespace, identity.pod)
-        claims = token_claims(token)
-        if claims is None:  # not a JWT (a local run's tokens): nothing to read alongside, nothing to keep
-            identity = identity_from_review(await authority.review_token(token))
-            return identity, await authority.get_pod(identity.namespace, identity.pod)
-        status, pod = await asyncio.gather(authority.review_token(token),
-                                           authority.get_pod(claims.namespace, claims.pod), return_exceptions=True)
-        if isinstance(status, BaseException):
-            raise status
-        self.reviews.put(token, status or {}, claims.expires)
-        identity = identity_from_review(status)
-        if (identity.namespace, identity.pod) != (claims.namespace, claims.pod):
-            return identity, await authority.get_pod(identity.namespace, identity.pod)
-        if isinstance(pod, BaseException):
-            raise pod
-        return identity, pod
+        if known is None:
+            known = await authority.review_token(token)
+            claims = token_claims(token)
+            if claims is not None:  # not a JWT (a local run's tokens): nothing to keep
+                self.reviews.put(token, known or {}, claims.expires)
+        identity = identity_from_review(known)
+        member_pod = getattr(authority, "member_pod", None)
+        if shared and member_pod is not None:
+            return identity, await member_pod(identity.namespace, identity.pod, identity.pod_uid)
+        return identity, await authority.get_pod(identity.namespace, identity.pod)
 
     async def _anchor(self, place: Place, fresh_after: float | None) -> Read:
         """The gang's anchor, shared by concurrent requests of the gang (one read for all of them). The pick
@@ -285,7 +292,8 @@ def bearer_token(request: web.Request) -> str:
 async def read_json(request: web.Request) -> object:
     try:
         async with asyncio.timeout(BODY_DEADLINE):
-            raw = await request.read()
+            with awaiting_body(request):  # evictable while the body does not come (connections.py)
+                raw = await request.read()
     except TimeoutError:
         raise BadBody(f"the body did not arrive within {BODY_DEADLINE:.0f} s") from None
     try:
@@ -315,18 +323,26 @@ def handler(action, shared: bool = False):
         who = request.remote or "?"
         try:
             token = bearer_token(request)
-            body = await read_json(request) if request.method == "POST" else None
-            verified = await notary.verify(token, shared)
+            verified = await notary.verify(token, shared)  # before the body: a stranger's is never read
             who = f"{verified.place.namespace}/{verified.place.pod}"
+            body = await read_json(request) if request.method == "POST" else None
             return web.json_response(await action(notary, verified, body))
         except Refusal as e:
-            return refusal_answer(notary, e.who or who, e.status, e.reason)
+            return unread_closes(request, refusal_answer(notary, e.who or who, e.status, e.reason))
         except BadBody as e:
-            return refusal_answer(notary, who, 400, str(e))
+            return unread_closes(request, refusal_answer(notary, who, 400, str(e)))
         except Unreachable as e:
-            return refusal_answer(notary, who, 503, f"cannot decide now: {e}")
+            return unread_closes(request, refusal_answer(notary, who, 503, f"cannot decide now: {e}"))
 
     return handle
+
+
+def unread_closes(request: web.Request, response: web.Response) -> web.Response:
+    """A refusal sent before the body arrived closes the connection: aiohttp would otherwise wait for the body it
+    must skip before the next request, holding the connection for whoever refused to send it."""
+    if not request.content.is_eof():
+        response.force_close()
+    return response
 
 
 def coordinator_only(verified: Verified, what: str) -> None:

@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the notary's base URL as gang pods dial it, injected as TRAINHOOK_NOTARY "
                             "(env TRAINHOOK_WEBHOOK_NOTARY_URL; the chart sets "
                             "https://<service>.<namespace>.svc:<port>)")
+    group.add_argument("--notary-tokens", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_TOKENS", "auto"),
+                       choices=("auto", "review"),
+                       help="how the cluster authority verifies a member's token: auto (against the keys the API "
+                            "server publishes at /openid/v1/jwks where it serves them, else a TokenReview at a "
+                            "bounded rate) or review (a TokenReview always) (env TRAINHOOK_WEBHOOK_NOTARY_TOKENS)")
     group.add_argument("--notary-ca-file", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_CA_FILE", ""),
                        help="PEM CA bundle gang pods verify the notary with (env TRAINHOOK_WEBHOOK_NOTARY_CA_FILE, "
                             "or the PEM itself in TRAINHOOK_WEBHOOK_NOTARY_CA; default: the certificate mode's "
@@ -96,4 +101,4 @@ def authority_from(args: argparse.Namespace, api_client=None) -> Authority:
         return LocalAuthority(Path(args.notary_authority[len("local:"):]))
     from trainhook.webhook.notary.cluster import ClusterAuthority
     from trainhook.webhook.selfcerts import kube_client
-    return ClusterAuthority(api_client or kube_client())
+    return ClusterAuthority(api_client or kube_client(), local_tokens=getattr(args, "notary_tokens", "auto") == "auto")

@@ -1,0 +1,155 @@
+"""Gang members' pods, read from one list+watch per namespace instead of a GET per credential (issue 32 item 3).
+
+Why: every credential call read the requesting pod afresh (it must still exist, with the token's uid: that is
+what makes a deleted pod's token stop working). At 10,000 members that was 10,000 GETs in one burst. Here the
+notary keeps, per namespace it serves, a list+watch of the pods labeled `trainhook.dev/job-name` (every gang pod
+carries it: the webhook stamps it), slimmed to what the membership decision reads, and a credential call reads
+its pod from there: a gang's credentials cost a list and a watch, whatever its size.
+
+Why it keeps every property of a fresh read: a watch delivers each change in the order etcd committed it, and
+milliseconds after it; the copy is used only while the watch is connected and has listed (otherwise a GET), and
+only when it holds the token's pod with the token's uid; a pod it does not hold (created since the last event,
+or gone) is read with a GET, so a refusal is always decided on a fresh read. A deleted pod's DELETED event drops
+it, so its token is refused from then on. Only credential calls read the watch; records and events (rank 0's
+coordinator, once per gang) read the pod afresh as before.
+
+Bounds: at most MAX_NAMESPACES watched at once (beyond that, GETs); a namespace nobody asked about for IDLE
+seconds stops being watched; a watch is started only for a pod whose token verified (a caller who cannot make a
+valid token for a namespace cannot make the notary watch it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainhook.gang import keys
+
+log = logging.getLogger("trainhook.webhook.notary")
+
+MAX_NAMESPACES = 64
+IDLE = 600.0  # seconds without a lookup before a namespace's watch stops
+WATCH_SECONDS = 300  # a watch is reopened this often (the API server ends long watches anyway)
+RETRY_SECONDS, MAX_RETRY_SECONDS = 2.0, 120.0  # doubling while it keeps failing (a watch RBAC refuses)
+LIST_TIMEOUT = 60
+
+
+def slim(pod: dict) -> dict:
+    """What the membership decision reads of a pod (webhook/notary/membership.py, admission/pods.py `member_of`):
+    its identity, labels, annotations, controller, hostname, subdomain and ServiceAccount; no status, no
+    containers, no managed fields (a 10,000-pod gang is then a few MB, not hundreds)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    kept_meta = {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations", "ownerReferences",
+                                      "deletionTimestamp", "resourceVersion") if k in meta}
+    kept_spec = {k: spec[k] for k in ("hostname", "subdomain", "serviceAccountName") if k in spec}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": kept_meta, "spec": kept_spec}
+
+
+class NamespacePods:
+    """One namespace's gang pods by name, kept by a list+watch on its own thread. Written by that thread only,
+    each write replaces a whole entry (or the whole dict): a reader sees a pod before or after a change."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.pods: dict[str, dict] = {}
+        self.live = False  # listed, and the watch since is connected: only then is the copy used
+        self.used = time.monotonic()
+        self.stop = threading.Event()
+        self.lists = 0  # lists and watches opened: the API calls this namespace costs (tests, bench)
+        self.watches = 0
+
+    def get(self, name: str, uid: str) -> dict | None:
+        """The pod when the watch is live and holds it with `uid`; None: read it with a GET."""
+        self.used = time.monotonic()
+        pod = self.pods.get(name) if self.live else None
+        if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+            return None
+        return pod
+
+    def apply(self, kind: str, pod: dict) -> None:
+        name = (pod.get("metadata") or {}).get("name", "")
+        if kind == "DELETED":
+            self.pods.pop(name, None)
+        else:
+            self.pods[name] = slim(pod)
+
+
+Call = Callable[..., Any]  # the authority's blocking call: (method, path, query, stream) -> decoded JSON or response
+
+
+def run(pods: NamespacePods, list_call: Callable[[], dict], watch_call: Callable[[str], Any]) -> None:
+    """Keep `pods` current until its stop is set (or it has been idle IDLE seconds): list, then watch from the
+    list's version; on any failure mark it not live (callers GET meanwhile) and list again."""
+    failures = 0
+    while not pods.stop.is_set():
+        if time.monotonic() - pods.used > IDLE:
+            pods.stop.set()
+            break
+        try:
+            pods.live = False
+            pods.lists += 1
+            listed = list_call()
+            pods.pods = {(p.get("metadata") or {}).get("name", ""): slim(p) for p in listed.get("items") or []}
+            version = (listed.get("metadata") or {}).get("resourceVersion", "")
+            while not pods.stop.is_set() and time.monotonic() - pods.used <= IDLE:
+                pods.watches += 1
+                response = watch_call(version)
+                try:
+                    pods.live, failures = True, 0
+                    for line in response.stream_lines():
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":
+                            raise RuntimeError(f"watch error: {obj.get('message', obj)}")
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                            pods.apply(event["type"], obj)
+                        if pods.stop.is_set():
+                            break
+                finally:
+                    response.close()
+        except Exception as e:  # noqa: BLE001  network, 410 Gone, RBAC: GETs meanwhile, list again
+            pods.live, failures = False, failures + 1
+            log.warning("gang pod watch interrupted; listing again", extra={"namespace": pods.namespace,
+                                                                             "error": str(e)})
+            pods.stop.wait(min(MAX_RETRY_SECONDS, RETRY_SECONDS * 2 ** (failures - 1)))
+    pods.live = False
+
+
+class PodWatches:
+    """The namespaces' watches, started on demand (see the module docstring for the bounds)."""
+
+    def __init__(self, list_call: Callable[[str], dict], watch_call: Callable[[str, str], Any],
+                 max_namespaces: int = MAX_NAMESPACES) -> None:
+        self.list_call, self.watch_call, self.max_namespaces = list_call, watch_call, max_namespaces
+        self.watched: dict[str, NamespacePods] = {}
+        self.lock = threading.Lock()
+
+    def lookup(self, namespace: str, name: str, uid: str) -> dict | None:
+        """The pod from its namespace's watch (starting one if there is room), or None: GET it."""
+        with self.lock:
+            pods = self.watched.get(namespace)
+            if pods is None or pods.stop.is_set():
+                for stale in [ns for ns, p in self.watched.items() if p.stop.is_set()]:
+                    del self.watched[stale]
+                if len(self.watched) >= self.max_namespaces:
+                    return None
+                pods = self.watched[namespace] = NamespacePods(namespace)
+                threading.Thread(target=run, args=(pods, lambda: self.list_call(namespace),
+                                                   lambda version: self.watch_call(namespace, version)),
+                                 name=f"notary-pods-{namespace}", daemon=True).start()
+        return pods.get(name, uid)
+
+    def api_calls(self) -> int:
+        return sum(p.lists + p.watches for p in self.watched.values())
+
+    def stop(self) -> None:
+        for pods in self.watched.values():
+            pods.stop.set()
+
+
+SELECTOR = keys.JOB_NAME  # every pod with the label (any gang)
