@@ -91,8 +91,26 @@ def service(name: str, **spec) -> dict:
             "spec": {"selector": {"trainhook.dev/job-name": name}, **spec}}
 
 
-def review(obj: dict, operation: str = "CREATE", uid: str | None = None, old: dict | None = None) -> dict:
-    """An AdmissionReview as kube-apiserver sends it."""
+# Who creates a pod a StatefulSet or Job controls: kube-controller-manager's controller, under its own
+# ServiceAccount (--use-service-account-credentials), as the webhook sees it in request.userInfo.
+CONTROLLER_USERNAMES = {"StatefulSet": "system:serviceaccount:kube-system:statefulset-controller",
+                        "Job": "system:serviceaccount:kube-system:job-controller"}
+ADMIN_USERINFO = {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]}
+
+
+def creator_of(obj: dict) -> dict:
+    """The userInfo of whoever creates `obj` on a cluster: a controlled pod's controller, else the admin."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    owner = next((ref.get("kind") for ref in refs if ref.get("controller")), None)
+    if obj.get("kind") == "Pod" and owner in CONTROLLER_USERNAMES:
+        return {"username": CONTROLLER_USERNAMES[owner],
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]}
+    return copy.deepcopy(ADMIN_USERINFO)
+
+
+def review(obj: dict, operation: str = "CREATE", uid: str | None = None, old: dict | None = None,
+           user: dict | None = None) -> dict:
+    """An AdmissionReview as kube-apiserver sends it, from `user` (by default whoever creates `obj` on a cluster)."""
     kind = obj["kind"]
     group, _, version = obj["apiVersion"].rpartition("/")
     resource = {"Pod": "pods", "StatefulSet": "statefulsets", "Job": "jobs", "Service": "services"}.get(
@@ -107,7 +125,7 @@ def review(obj: dict, operation: str = "CREATE", uid: str | None = None, old: di
             "requestResource": {"group": group, "version": version, "resource": resource},
             "name": obj["metadata"].get("name", ""), "namespace": obj["metadata"].get("namespace", "default"),
             "operation": operation,
-            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
+            "userInfo": user or creator_of(obj),
             "object": obj, "oldObject": old, "dryRun": False,
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": f"{operation.title()}Options"},
         },

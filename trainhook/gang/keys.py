@@ -24,6 +24,9 @@ INDEX = PREFIX + "index"
 # Annotation `role=count[,role=count]`: the gang's shape. Stamped on templates by the webhook for single-role
 # workloads; written by users for multi-role gangs and bare Pods.
 REPLICAS = PREFIX + "replicas"
+# Annotation the webhook writes on a controller-made gang pod: which controller made it, under the gang key
+# (webhook/admission/provenance.py); the notary trusts a pod's controller only through it.
+PROVENANCE = PREFIX + "provenance"
 # Annotation: the master/coordinator port (defaults per framework below).
 PORT = PREFIX + "port"
 # Annotation: processes per node for torchrun: auto, cpu, gpu or an integer.

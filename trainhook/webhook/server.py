@@ -76,6 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the cluster's DNS domain (env TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN)")
     parser.add_argument("--wait-timeout", type=int, default=defaults.wait_timeout,
                         help="seconds the gang wait gives peers (env TRAINHOOK_WEBHOOK_WAIT_TIMEOUT)")
+    parser.add_argument("--controller-users", default=",".join(defaults.controller_users),
+                        help="comma-separated users besides kube-controller-manager's own that may create a "
+                             "StatefulSet's or Job's gang pods (env TRAINHOOK_WEBHOOK_CONTROLLER_USERS; "
+                             "webhook/admission/provenance.py)")
     parser.add_argument("--gang-key-file", default=None,
                         help="file holding the key gang tokens are derived from; every replica must share it "
                              "(env TRAINHOOK_WEBHOOK_GANG_KEY holds the key itself; the chart keeps it in a Secret)")
@@ -140,7 +144,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.settings = Settings(launcher_image=args.launcher_image, extra_tolerations=tolerations,
                              toleration_namespaces=toleration_namespaces,
                              cluster_domain=args.cluster_domain, wait_timeout=args.wait_timeout,
-                             gang_key=gang_key)
+                             gang_key=gang_key, controller_users=tuple(
+                                 u.strip() for u in args.controller_users.split(",") if u.strip()))
     args.launcher_namespaces = parse_namespaces(args.launcher_namespaces)
     args.certs = CertSettings(
         mode=args.cert_mode, cert_file=args.tls_cert, key_file=args.tls_key,

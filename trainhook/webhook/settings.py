@@ -32,6 +32,9 @@ class Settings:
     # no one outside a gang can forge its launchers' completion or failure messages. Every replica must share
     # it (the chart keeps it in a Secret); empty means no token is injected.
     gang_key: bytes = b""
+    # Users besides kube-controller-manager's own that may create a StatefulSet's or Job's gang pods (a cluster
+    # whose controller-manager runs as another user; webhook/admission/provenance.py).
+    controller_users: tuple[str, ...] = ()
     # The launcher ConfigMap (webhook/launcher_configmap.py) and the namespaces where the server has written it:
     # pods there mount it instead of getting the launcher from an init container. Empty until it is written.
     launcher_configmap: str = ""
@@ -84,6 +87,9 @@ def settings_from_env(environ: dict[str, str] | None = None) -> dict:
         found["cluster_domain"] = env["TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN"]
     if "TRAINHOOK_WEBHOOK_WAIT_TIMEOUT" in env:
         found["wait_timeout"] = int(env["TRAINHOOK_WEBHOOK_WAIT_TIMEOUT"])
+    if env.get("TRAINHOOK_WEBHOOK_CONTROLLER_USERS"):
+        found["controller_users"] = tuple(u.strip() for u in env["TRAINHOOK_WEBHOOK_CONTROLLER_USERS"].split(",")
+                                          if u.strip())
     if env.get("TRAINHOOK_WEBHOOK_GANG_KEY"):
         found["gang_key"] = env["TRAINHOOK_WEBHOOK_GANG_KEY"].encode()
     return found

@@ -74,8 +74,9 @@ def unsupported_kind(kind: str, obj: dict) -> Problems:
     return problems
 
 
-def mutate(kind: str, operation: str, obj: dict, namespace: str, settings: Settings) -> Mutation:
-    """Wire `obj` into its gang; raise Denied with every problem when a labeled object cannot work."""
+def mutate(kind: str, operation: str, obj: dict, namespace: str, settings: Settings, user: str = "") -> Mutation:
+    """Wire `obj` into its gang; raise Denied with every problem when a labeled object cannot work. `user` is who
+    asks (the review's userInfo.username): a gang pod's creator is checked against its controller."""
     if operation in REFUSED_OPERATIONS.get(kind, ()):
         problems = unsupported_kind(kind, obj)
         if problems:
@@ -87,7 +88,7 @@ def mutate(kind: str, operation: str, obj: dict, namespace: str, settings: Setti
         return Mutation(obj, key_warnings(kind, obj))
     warnings: list[str] = key_warnings(kind, obj)
     if kind == "Pod":
-        result, problems = mutate_pod(obj, namespace, settings, warnings)
+        result, problems = mutate_pod(obj, namespace, settings, warnings, user)
     elif kind == "StatefulSet":
         result, problems = mutate_statefulset(obj, operation, warnings)
     elif kind == "Job":

@@ -14,6 +14,7 @@ from trainhook.gang import keys
 from trainhook.webhook.admission.delivery import deliver_launcher, delivered_by_configmap, give_identity, identity_env
 from trainhook.gang.shape import elastic_shape
 from trainhook.webhook.admission.frameworks import elastic_range, framework_env, framework_pod_hook
+from trainhook.webhook.admission import provenance
 from trainhook.webhook.admission.member import DNS_LABEL, Member, Problems, parse_shape
 from trainhook.webhook.admission.jsondiff import json_copy
 from trainhook.webhook.admission.lifecycle import check_lifecycle_options, lifecycle_env
@@ -301,10 +302,13 @@ def writable(pod: dict) -> dict:
     return pod
 
 
-def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str]) -> tuple[dict, Problems]:
-    """A copy of `pod` wired into its gang, and the problems that stop it (the copy is then discarded)."""
+def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str],
+               user: str = "") -> tuple[dict, Problems]:
+    """A copy of `pod` wired into its gang, and the problems that stop it (the copy is then discarded). `user`
+    created it: a pod that names a StatefulSet or Job as its controller must be that controller's."""
     pod = writable(pod)
     problems = Problems()
+    provenance.check_creator(pod, user, settings.controller_users, problems)
     annotations = pod.get("metadata", {}).get("annotations") or {}
     spec = pod.setdefault("spec", {})
     container = training_container(spec, annotations, problems)
@@ -329,4 +333,18 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     if not (delivered and delivered_by_configmap(spec)):  # else the launcher's own barrier is the gang wait
         set_gang_wait(spec, member, gang, settings, delivered)
     set_gang_scheduling(pod, member, problems, warnings)
+    set_provenance(pod, namespace, settings.gang_key)
     return pod, problems
+
+
+def set_provenance(pod: dict, namespace: str, key: bytes) -> None:
+    """Stamp which controller made the pod (provenance.py), replacing any stamp its creator wrote; none without a
+    key (no notary) or a controller (a bare pod)."""
+    meta = pod["metadata"] = dict(pod.get("metadata") or {})
+    annotations = dict(meta.get("annotations") or {})
+    stamped = provenance.stamp(key, namespace, pod)
+    if stamped is None:
+        annotations.pop(keys.PROVENANCE, None)
+    else:
+        annotations[keys.PROVENANCE] = stamped
+    meta["annotations"] = annotations

@@ -162,7 +162,8 @@ def review(body: Any, settings: Settings, workloads: Workloads | None = None) ->
         if message is not None:
             return _refused(uid, kind, message, "spec.parallelism")
     try:
-        mutation = mutate(kind, operation, obj, namespace, settings)
+        user = (request.get("userInfo") or {}).get("username") or ""
+        mutation = mutate(kind, operation, obj, namespace, settings, str(user))
     except Denied as denied:
         refusal: dict[str, Any] = {"allowed": False, "status": {"code": 403, "reason": "Forbidden",
                                                                 "message": "trainhook: " + "; ".join(denied.problems)}}
