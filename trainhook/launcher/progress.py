@@ -46,7 +46,7 @@ INTEGERS = ("step", "totalSteps", "etaSeconds")
 FIELDS = ("percent", "step", "totalSteps", "epoch", "etaSeconds", "metrics", "time")
 MAX_SUMMARY = 256
 
-say = speaker("progress")
+say = speaker("run")  # a part of `run`: its lines say "progress"
 
 
 def _number(name: str, value: object) -> float:
@@ -182,7 +182,7 @@ class ProgressFile:
             try:
                 value = json.loads(line)
             except ValueError as e:
-                self.problem = f"a line of {self.path} is not JSON: {e}"
+                self.problem = f"a line of the progress file {self.path} is not JSON: {e}"
                 continue
             if isinstance(value, dict):
                 return value
@@ -233,7 +233,7 @@ class Forwarder:
             try:
                 detail = normalize(raw, self.stamp())
             except ValueError as e:
-                self._say(f"a report in {self.file.path} was left out: {e}")
+                self._say(f"a progress report in {self.file.path} was left out: {e}")
             else:
                 self.first = eta(detail, self.first, self.clock())
                 self.pending = detail
