@@ -158,7 +158,8 @@ def test_with_the_key_a_hello_without_the_gangs_proof_does_not_release_rank_0(ke
     master = keyed_wait(envs[0], hosts, timeout=30)
     try:
         time.sleep(1.5)
-        for lines in (["trainhook-gang/2 ns job 1"], [f"trainhook-gang/3 ns job 1 {NONCE}", "proof " + "0" * 64]):
+        for lines in (["trainhook-gang/2 ns job 1"], [f"trainhook-gang/3 ns job 1 {NONCE}", "proof " + "0" * 64],
+                      [f"trainhook-gang/3 ns job 1 {NONCE}", "proof \u00e9"]):  # not ASCII: refused, no crash
             answer = say_hello("127.0.0.1", port, lines)
             assert "no " in answer and "go" not in answer.split("|"), f"{lines} was answered {answer!r}"
         time.sleep(0.5)

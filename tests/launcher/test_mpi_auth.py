@@ -307,3 +307,15 @@ def socket_relay(listen_port: int, target_port: int) -> socket.socket:
 
     threading.Thread(target=serve, daemon=True).start()
     return server
+
+
+def test_a_hello_whose_proof_is_not_ascii_is_refused_and_the_worker_goes_on(tmp_path):
+    marker = tmp_path / "unicode"
+    gang = Gang(lambda port: Relay(port, rewrite_hello=lambda hello: {**hello, "proof": "\u00e9" * 64}))
+    try:
+        done = gang.run("touch", str(marker))
+        assert done.returncode == 255 and not marker.exists()
+        assert gang.worker.poll() is None
+    finally:
+        output = gang.finish()
+    assert gang.worker.returncode == 0 and "Traceback" not in output, output

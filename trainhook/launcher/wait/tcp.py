@@ -57,6 +57,11 @@ def mac(key: bytes, direction: str, rank0_nonce: str, member_nonce: str, number:
     return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
 
 
+def same(given: str, expected: str) -> bool:
+    """A constant-time comparison that any line survives (compare_digest raises on non-ASCII str)."""
+    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
+
+
 def plain_ip(address: str) -> str:
     return address[len("::ffff:"):] if address.startswith("::ffff:") and "." in address else address
 
@@ -238,7 +243,7 @@ class Gathering:
         else:
             expected = mac(self.key, TO_RANK0, session.rank0_nonce, session.member_nonce, 0, f"member {session.rank}")
             word, _, proof = line.partition(" ")
-            if word != "proof" or not hmac.compare_digest(proof, expected):
+            if word != "proof" or not same(proof, expected):
                 self.refuse(sock, "no proof: not signed with this gang's key")
                 return
         self.count(sock, session)
@@ -357,7 +362,7 @@ def signed_line(line: str | None, key: bytes, theirs: str, mine: str, number: in
     if line is None or not key:
         return line
     text, _, tag = line.rpartition(" ")
-    if not hmac.compare_digest(tag, mac(key, TO_MEMBER, theirs, mine, number, text)):
+    if not same(tag, mac(key, TO_MEMBER, theirs, mine, number, text)):
         raise ConnectionError(f"a line not signed with the gang's key came from rank 0's address: {text[:40]!r}")
     return text
 
