@@ -205,3 +205,55 @@ def test_an_event_body_is_checked():
                                                                      "reason")]:
         with pytest.raises(BadBody, match=what):
             parse_event(bad)
+
+
+# --- the confused deputy (issue 31 item 1): the notary acts only on workloads that are the gang's --------------------
+
+def test_a_pod_naming_an_unrelated_statefulset_as_its_controller_is_refused_as_an_anchor():
+    """A user who may only create pods wrote an ownerReference to an unrelated, unlabeled StatefulSet `db` on a pod
+    labeled rank 0 of a gang `db` (the webhook now refuses such a create: test_provenance.py; a later patch of the
+    ownerReferences ends here): the notary never takes `db` for a gang's workload."""
+    gang_sts = stamped("db", 2)
+    unrelated = copy.deepcopy(gang_sts)
+    for where in (unrelated["metadata"]["labels"], unrelated["spec"]["template"]["metadata"]["labels"]):
+        where.pop("trainhook.dev/framework", None)
+        where.pop("trainhook.dev/job-name", None)
+    p = pod(gang_sts, 0)
+    place = place_of(identity(p), p)
+    with pytest.raises(Refusal) as refused:
+        decide(place, p, unrelated, None)
+    assert refused.value.status == 403
+    assert "names StatefulSet/db as its controller, which is not a trainhook gang of job db" in refused.value.reason
+
+
+def test_a_look_alike_with_another_teams_job_name_forms_a_gang_of_its_own_and_never_touches_the_other():
+    """An `edit` user's StatefulSet `evil` whose template carries the job name `vic1`: its pods are a gang of their
+    own (anchored at evil-0, keyed by evil's uid), and the records of either gang touch only its own workload."""
+    victim, evil = stamped("vic1", 2), stamped("evil", 2, job="vic1")
+    pods = [pod(victim, 0), pod(victim, 1), pod(evil, 0), pod(evil, 1)]
+    evil_place = place_of(identity(pods[2]), pods[2])
+    evil_gang = decide(evil_place, pick_anchor(evil_place, pods), evil, None)
+    assert evil_gang.coordinator and evil_gang.anchor_workload.name == "evil"
+    assert [ref.name for ref in gang_workloads(evil_gang, pods)] == ["evil"]
+    victim_place = place_of(identity(pods[1]), pods[1])
+    victim_gang = decide(victim_place, pick_anchor(victim_place, pods), victim, None)
+    assert [ref.name for ref in gang_workloads(victim_gang, pods)] == ["vic1"]
+    assert gang_key(b"k" * 32, evil_gang) != gang_key(b"k" * 32, victim_gang)
+
+
+def test_a_multi_role_gang_spans_its_role_workloads_only():
+    master, worker = stamped("tf-master", 1, job="tf", role="master"), stamped("tf-worker", 2, job="tf")
+    for sts in (master, worker):
+        sts["spec"]["template"]["metadata"]["annotations"]["trainhook.dev/replicas"] = "master=1,worker=2"
+    other = stamped("tf-extra", 2, job="tf")
+    other["spec"]["template"]["metadata"]["annotations"]["trainhook.dev/replicas"] = "master=1,worker=2"
+    pods = [pod(master, 0), pod(worker, 0), pod(worker, 1), pod(other, 0)]
+    place = place_of(identity(pods[1]), pods[1])
+    gang = decide(place, pick_anchor(place, pods), master, worker)
+    assert gang.roles == ("master", "worker")
+    assert [ref.name for ref in gang_workloads(gang, pods)] == ["tf-master", "tf-worker"]
+    extra = place_of(identity(pods[3]), pods[3])
+    with pytest.raises(Refusal) as refused:
+        decide(extra, pick_anchor(extra, pods), master, other)
+    assert refused.value.status == 403 and "StatefulSet/tf-extra, which is not a workload of gang" in \
+        refused.value.reason

@@ -83,6 +83,7 @@ class Gang:
     anchor_pod: str
     anchor_workload: WorkloadRef  # kind "Pod" for a bare-Pod gang
     coordinator: bool
+    roles: tuple[str, ...] = ()  # the gang's roles, from rank 0's stamped shape: which workloads are the gang's
 
     @property
     def gang_id(self) -> str:
@@ -225,6 +226,20 @@ def carries_job(workload: dict, job: str) -> bool:
     return job in (found.workload, found.template)
 
 
+def is_gang_workload(workload: dict, job: str) -> bool:
+    """Whether a workload is a trainhook gang's of `job`: labeled trainhook.dev/framework (what the webhook admits
+    and stamps) and carrying the job name, on itself or its pod template. An unrelated StatefulSet is neither, so no
+    pod, whatever ownerReference it was given, makes the notary write to it (issue 31)."""
+    framework = lookup(workload, keys.FRAMEWORK, LABELS)
+    return bool(framework.workload or framework.template) and carries_job(workload, job)
+
+
+def role_workloads(job: str, roles: tuple[str, ...]) -> set[str]:
+    """The names a multi-role gang's other workloads must have (the webhook refuses any other: <job-name>-<role>);
+    a single-role gang has one workload, its anchor's, so none."""
+    return {f"{job}-{role}" for role in roles} if len(roles) > 1 else set()
+
+
 def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workload: dict | None) -> Gang:
     """Whether the placed pod is a member of the gang anchored at `anchor`, whose workload (as read now) is
     `anchor_workload` (None for a bare-Pod gang, or when it is gone); `own_workload` is the requester's own
@@ -235,6 +250,12 @@ def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workloa
     if anchor_ref.kind != "Pod":
         if anchor_workload is None or (anchor_workload.get("metadata") or {}).get("uid") != anchor_ref.uid:
             raise Refusal(503, f"{gang}: rank 0's {anchor_ref.kind}/{anchor_ref.name} is gone or being replaced")
+        if not is_gang_workload(anchor_workload, place.job):
+            raise Refusal(403, f"{gang}: rank 0's pod {anchor_meta.get('name')} names {anchor_ref.kind}/"
+                               f"{anchor_ref.name} as its controller, which is not a trainhook gang of job "
+                               f"{place.job} (not labeled {keys.FRAMEWORK} and {keys.JOB_NAME}={place.job})")
+    anchor_member = member_of(anchor, place.namespace, Problems())
+    roles = anchor_member.shape.roles if anchor_member is not None else place.member.shape.roles
     who = f"pod {place.namespace}/{place.pod}"
     if anchor_ref.kind == "Pod":  # a bare-Pod gang: every member is a bare pod of the gang
         if place.owner is not None:
@@ -246,11 +267,12 @@ def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workloa
     elif place.owner != anchor_ref:
         own_meta = (own_workload or {}).get("metadata") or {}
         if (place.owner.kind not in WORKLOAD_KINDS or own_workload is None or own_meta.get("uid") != place.owner.uid
-                or not carries_job(own_workload, place.job)):
+                or place.owner.name not in role_workloads(place.job, roles)
+                or not is_gang_workload(own_workload, place.job)):
             raise Refusal(403, f"{who} is controlled by {place.owner.kind}/{place.owner.name}, which is not a "
                                f"workload of {gang}")
     return Gang(place.namespace, place.job, anchor_meta.get("name", ""), anchor_ref,
-                coordinator=anchor_meta.get("uid") == place.pod_uid)
+                coordinator=anchor_meta.get("uid") == place.pod_uid, roles=tuple(roles))
 
 
 def gang_key(key: bytes, gang: Gang) -> str:
@@ -259,15 +281,18 @@ def gang_key(key: bytes, gang: Gang) -> str:
 
 
 def gang_workloads(gang: Gang, pods: list[dict]) -> list[WorkloadRef]:
-    """The workloads to check for an outcome record: the anchor's first, then every other StatefulSet/Job that
-    controls one of `pods` (the pods labeled with the gang's job name); the caller keeps only those that carry the
-    job name (`carries_job`). A bare-Pod gang has none."""
+    """The workloads to check for an outcome record: the anchor's first, then, for a multi-role gang, every other
+    StatefulSet/Job named <job-name>-<role> for one of its roles that controls one of `pods` (the pods labeled with
+    the gang's job name); the caller keeps only those that are the gang's (`is_gang_workload`). A look-alike that
+    carries the same job name under another name (another team's StatefulSet) is never among them: it forms a gang
+    of its own (issue 31). A bare-Pod gang has none."""
     if gang.bare:
         return []
     found = {gang.anchor_workload.uid: gang.anchor_workload}
+    names = role_workloads(gang.job, gang.roles)
     for pod in pods:
         owner = _owner_ref(pod)
-        if owner is not None and owner.kind in WORKLOAD_KINDS and owner.uid not in found:
+        if owner is not None and owner.kind in WORKLOAD_KINDS and owner.uid not in found and owner.name in names:
             found[owner.uid] = owner
     return list(found.values())
 

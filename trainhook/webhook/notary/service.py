@@ -41,8 +41,8 @@ from aiohttp import web
 from trainhook.webhook.connections import awaiting_body
 from trainhook.webhook.notary.cache import Read, RefusalCache, RefusalLog, ReviewCache, SharedReads
 from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, Gang, Identity, Place, Refusal, WorkloadRef,
-                                                 carries_job, decide, gang_key, gang_workloads, identity_from_review,
-                                                 pick_anchor, place_of, token_claims)
+                                                 decide, gang_key, gang_workloads, identity_from_review,
+                                                 is_gang_workload, pick_anchor, place_of, token_claims)
 from trainhook.webhook.notary.records import (BadBody, event, outcome_message, parse_event, parse_outcome,
                                               rank_pods, record_patch, recorded_outcome, same_record)
 from trainhook.webhook.notary.authority import Authority, Conflict, Unreachable
@@ -267,7 +267,7 @@ class Notary:
             obj = await self.authority.get_workload(gang.namespace, ref.kind, ref.name)
             if obj is None or (obj.get("metadata") or {}).get("uid") != ref.uid:
                 continue
-            if ref == gang.anchor_workload or carries_job(obj, gang.job):
+            if ref == gang.anchor_workload or is_gang_workload(obj, gang.job):
                 found.append((ref, obj))
         return found
 
