@@ -44,9 +44,15 @@ def bound(api_client) -> None:
         pool_manager.connection_pool_kw["retries"] = retries()
 
 
-def request_timeout(streaming: bool = False) -> tuple[float, float | None]:
-    """The kubernetes client's `_request_timeout`: (connect, read) seconds; a followed stream reads unbounded."""
-    return (CONNECT_TIMEOUT, None if streaming else READ_TIMEOUT)
+# How long a followed stream (`logs -f`) may go silent: a training may print nothing for hours. Not None: the
+# kubernetes client (v35+) validates `_request_timeout` and refuses None in the pair (a real node's e2e run).
+STREAM_READ_TIMEOUT = 7 * 24 * 3600.0
+
+
+def request_timeout(streaming: bool = False) -> tuple[float, float]:
+    """The kubernetes client's `_request_timeout`: (connect, read) seconds; a followed stream may be silent for
+    STREAM_READ_TIMEOUT."""
+    return (CONNECT_TIMEOUT, STREAM_READ_TIMEOUT if streaming else READ_TIMEOUT)
 
 
 def chain(error: BaseException) -> list[BaseException]:
