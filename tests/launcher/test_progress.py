@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -39,11 +40,19 @@ def test_trainer_v2_names_are_read_and_the_percent_is_kept_within_0_and_100():
     ({"epoch": float("nan")}, "epoch='nan': a finite number is required"),
     ({"metrics": [1]}, "metrics: an object of names to numbers"),
     ({"note": "only text"}, "no step, percent, epoch or numeric metric"),
+    ({"step": 10 ** 20}, "step=100000000000000000000: a number below 1e+15 is required"),
 ])
 def test_a_report_that_cannot_be_read_is_refused_naming_the_field(raw, fragment):
     with pytest.raises(ValueError) as refused:
         normalize(raw)
     assert fragment in str(refused.value)
+
+
+@pytest.mark.parametrize("raw", [{"step": 10 ** 15 - 1}, {"epoch": 99999999999999.99}, {"epoch": 1e-9},
+                                 {"percent": 12.345}, {"step": 0}])
+def test_the_label_is_always_a_valid_label_value(raw):
+    value = label_value(normalize(raw))
+    assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", value), value
 
 
 def test_a_report_is_bounded_in_metrics_and_in_its_line():

@@ -45,6 +45,7 @@ KNOWN = {"step": "step", "total_steps": "totalSteps", "totalSteps": "totalSteps"
 INTEGERS = ("step", "totalSteps", "etaSeconds")
 FIELDS = ("percent", "step", "totalSteps", "epoch", "etaSeconds", "metrics", "time")
 MAX_SUMMARY = 256
+MAX_NUMBER = 1e15  # steps, epochs, seconds: so a label value (63 characters) always holds them
 
 say = speaker("run")  # a part of `run`: its lines say "progress"
 
@@ -52,6 +53,8 @@ say = speaker("run")  # a part of `run`: its lines say "progress"
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name}={str(value)[:40]!r}: a finite number is required")
+    if abs(value) >= MAX_NUMBER:
+        raise ValueError(f"{name}={str(value)[:40]}: a number below {MAX_NUMBER:.0e} is required")
     return float(value)
 
 
@@ -139,7 +142,7 @@ def label_value(detail: Mapping[str, object]) -> str:
     if "step" in detail:
         return f"step-{detail['step']}"
     if "epoch" in detail:
-        return f"epoch-{float(detail['epoch']):g}"  # type: ignore[arg-type]
+        return "epoch-" + f"{float(detail['epoch']):.2f}".rstrip("0").rstrip(".")  # type: ignore[arg-type]
     return ""
 
 
