@@ -10,7 +10,7 @@ TORCH_PIP ?=
 DEMO_STAMP := $(VENV)/.demo-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TEST_STAMP := $(VENV)/.test-$(shell cat pyproject.toml requirements-test.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test install install-demo lint clean bench bench-gang fuzz helm-lint helm-template images e2e-kind k8s-build cluster-up cluster-down
+.PHONY: demo test install install-demo lint clean bench bench-gang bench-scale fuzz helm-lint helm-template images e2e-kind k8s-build cluster-up cluster-down
 
 demo: install-demo  ## create the virtualenv, install trainhook and torch only, and train examples/pytorch/ddp.yaml on 4 local pods
 	@echo "==> training examples/pytorch/ddp.yaml on 4 local pods through the real webhook (trainhook local, root)"
@@ -56,6 +56,15 @@ bench: install  ## admission benchmark against the yardstick, and the plots (~8 
 bench-gang: install  ## gang start of 8 local pods: trainhook local against torchrun by hand (root, ~10 min)
 	$(BIN)/pip install --quiet matplotlib
 	$(BIN)/python bench/gang_start.py
+	$(BIN)/python bench/plot.py
+
+# The gang at 100, 1,000 and 10,000 members against the real API server, webhook, notary and coordinator (issue 32;
+# k8s-build's binaries, ~25 min in all, most of it the StatefulSet controller creating 10,000 pods at its 20 requests
+# a second); tests/cluster/test_scale_sim.py runs a short one in CI. SCALE_SIZES="100 1000" for less.
+SCALE_SIZES ?= 100 1000 10000
+bench-scale: install k8s-build  ## the gang at scale with real central parts: bench/results/gang-scale-N.json, the plot
+	$(BIN)/pip install --quiet matplotlib
+	mkdir -p bench/results && for n in $(SCALE_SIZES); do $(BIN)/python bench/gang_scale_sim.py --members $$n --json > bench/results/gang-scale-$$n.json || exit 1; done
 	$(BIN)/python bench/plot.py
 
 fuzz: install  ## atheris fuzzing of the review handler, 2,000,000 runs (~4 min)

@@ -1,7 +1,9 @@
 """Plot the benchmark results: bench/results/admission.json into docs/develop/performance-admission.png (throughput,
 server CPU per review, latency); bench/results/gang_start.json, when present, into
 docs/develop/performance-gang-start.png; and the node's gang starts at scale (bench/node_start_scale.py's
-node_start_scale_<size>.json), when present, into docs/develop/performance-gang-scale.png."""
+node_start_scale_<size>.json), when present, into docs/develop/performance-gang-scale.png; and the gang against the
+real central parts at 100 to 10,000 members (bench/gang_scale_sim.py's gang-scale-<N>.json), when present, into
+docs/develop/performance-scale-sim.png."""
 
 from __future__ import annotations
 
@@ -132,6 +134,41 @@ def plot_gang_scale(rounds: list[dict]) -> None:
     fig.savefig(DOCS / "performance-gang-scale.png", dpi=110)
 
 
+def plot_scale_sim(runs: list[dict]) -> None:
+    """Issue 32's figures against the gang's size, each panel with its goal where the issue set one."""
+    runs = sorted(runs, key=lambda r: r["members"])
+    sizes = [r["members"] for r in runs]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = (
+        (axes[0], "seconds", (("credential_s", "first to last credential", "C0"),
+                              ("barrier_s", "last join to every member started", "C1"),
+                              ("restart_s", "in-place restart round", "C2"),
+                              ("outcome_s", "rank 0's exit to the outcome recorded", "C3"))),
+        (axes[1], "CPU ms per member", (("notary_cpu_ms_per_member", "notary (webhook process), credentials", "C0"),
+                                        ("coordinator_cpu_ms_per_member", "coordinator process, whole run", "C1"),
+                                        ("admission_cpu_ms_per_pod", "admission, per pod", "C4"))),
+        (axes[2], "per member / MB", (("api_calls_per_member", "notary's API calls per member", "C0"),
+                                      ("coordinator_rss_mb", "coordinator RSS (MB)", "C1"))),
+    )
+    for axis, unit, series in panels:
+        for key, label, color in series:
+            axis.plot(sizes, [r[key] for r in runs], marker="o", color=color, label=label)
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xticks(sizes, [f"{s:,}" for s in sizes])
+        axis.minorticks_off()
+        axis.set_xlabel("members in the gang")
+        axis.set_ylabel(unit)
+        axis.legend(fontsize=7)
+    axes[0].set_title("gang phases (goals at 1,000: 2 s, 1 s, 2 s)", fontsize=10)
+    axes[1].set_title("central CPU (goals at 10,000: notary 1 ms)", fontsize=10)
+    axes[2].set_title("API calls (goal 0.01 at 10,000) and memory", fontsize=10)
+    fig.suptitle("A gang against trainhook's real central parts on one 2-core machine (bench/gang_scale_sim.py): "
+                 "v1.20 API server and controllers, webhook and notary, coordinator; simulated members", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(DOCS / "performance-scale-sim.png", dpi=110)
+
+
 def main() -> None:
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -147,6 +184,9 @@ def main() -> None:
     scale = [r for f in sorted(results.glob("node_start_scale_*.json")) for r in json.loads(f.read_text())["rounds"]]
     if scale:
         plot_gang_scale(scale)
+    sims = [json.loads(f.read_text()) for f in sorted(results.glob("gang-scale-*.json")) if f.stat().st_size]
+    if sims:
+        plot_scale_sim(sims)
 
 
 if __name__ == "__main__":

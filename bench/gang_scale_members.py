@@ -1,0 +1,235 @@
+"""The processes of bench/gang_scale_sim.py: many simulated members in one process, or rank 0 with the coordinator.
+
+What a member does centrally is the launcher's own code: its credential from the notary (launcher/notary_client.py
+`NotaryClient.gang_key`, with its pod's TokenRequest token, a TLS connection per call as in a pod), and its link to
+rank 0's coordinator (launcher/coordination/link.py `Link`: greeting, nonces, the signed join, reports). What it
+does not do is run a training process per member (10,000 processes on 2 cores): a member answers the coordinator's
+directives as MemberLauncher does with a training that starts at once and stops at once (`start` -> running,
+`stop` -> stopped with 143, `done` -> acknowledged), and the parent tells one member to fail (exit 137, a training
+killed: restart-gang retries it) and every member to finish (exit 0).
+
+    python bench/gang_scale_members.py members --gang FILE --ranks A:B --tokens DIR --go-at T
+    python bench/gang_scale_members.py coordinator --gang FILE --tokens DIR
+
+Commands come on stdin, one a line (`fail RANK`, `finish`, `quit`); what happened goes to stdout as JSON lines
+({"event": ...}), with wall-clock times (every process is on one machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from trainhook.launcher import ending  # noqa: E402
+from trainhook.launcher.coordination.link import Link  # noqa: E402
+from trainhook.launcher.coordination.report import DONE, EXITED, RUNNING, STOPPED, Report  # noqa: E402
+from trainhook.launcher.notary_client import NotaryClient  # noqa: E402
+from trainhook.launcher.outcome import Outcome  # noqa: E402
+from trainhook.launcher.pod_view import GangView, parse_gang  # noqa: E402
+from trainhook.launcher.policy import LaunchSettings, read_settings  # noqa: E402
+
+CREDENTIAL_THREADS = 64  # members of one process asking the notary at once (a pod's launcher asks at its start)
+threading.stack_size(256 * 1024)  # a thousand Link threads per process: small stacks
+
+
+EMIT = threading.Lock()
+
+
+def emit(event: str, **fields) -> None:
+    """One JSON line to the parent, whole (members' threads emit at once)."""
+    line = json.dumps({"event": event, **fields}) + "\n"
+    with EMIT:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def load_gang(path: str, port: int) -> tuple[GangView, LaunchSettings]:
+    """Rank 0's pod's environment as the webhook admitted it, its coordinator on loopback at `port`."""
+    env = json.loads(Path(path).read_text())
+    gang = parse_gang(env)
+    peers = (replace(gang.peers[0], address="127.0.0.1"),) + gang.peers[1:]
+    gang = replace(gang, peers=peers)
+    return gang, replace(read_settings(env, gang), port=port)
+
+
+def as_rank(gang: GangView, rank: int) -> GangView:
+    """The same gang seen from another member's pod (its peers tuple shared, not copied: 10,000 members)."""
+    peer = gang.peers[rank]
+    return replace(gang, role=peer.role, index=peer.index, rank=rank, address=peer.address)
+
+
+class Tagged:
+    """A Link's event queue that tags each event with its member's rank, into one queue for the process."""
+
+    def __init__(self, rank: int, into: queue.SimpleQueue):
+        self.rank, self.into = rank, into
+
+    def put(self, event: tuple) -> None:
+        self.into.put((self.rank, event))
+
+
+class Members:
+    """Simulated members: each a NotaryClient and a Link; one thread answers every member's directives."""
+
+    def __init__(self, gang: GangView, settings: LaunchSettings, ranks: range, tokens: Path):
+        self.gang, self.settings, self.ranks, self.tokens = gang, settings, ranks, tokens
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.links: dict[int, Link] = {}
+        self.reports: dict[int, Report] = {}
+        self.times: dict[str, dict[int, float]] = {}
+        self.lock = threading.Lock()
+        self.failures: list[str] = []
+
+    def mark(self, what: str, rank: int) -> None:
+        with self.lock:
+            seen = self.times.setdefault(what, {})
+            if rank in seen:
+                return
+            seen[rank] = time.time()
+            complete = len(seen) == len(self.ranks)
+        if complete:
+            emit("all", what=what, first=min(seen.values()), last=max(seen.values()))
+
+    def join(self, rank: int) -> None:
+        """What a member's launcher does at its start: the key from the notary, then the link to rank 0."""
+        notary = NotaryClient(self.settings.notary_url, self.settings.notary_ca,
+                              token_file=str(self.tokens / f"{rank}.token"))
+        self.mark("asked", rank)
+        try:
+            key = notary.gang_key(self.gang.namespace, self.gang.job_name, 300, log=lambda line: None)
+        except Exception as e:  # noqa: BLE001 - counted and said by the parent
+            self.failures.append(f"rank {rank}: {e}")
+            emit("failed", rank=rank, why=str(e)[:300])
+            return
+        self.mark("key", rank)
+        report = self.reports[rank] = Report()
+        link = Link(as_rank(self.gang, rank), replace(self.settings, key=key), Tagged(rank, self.events), report)
+        self.links[rank] = link
+        link.start()
+
+    def start(self) -> None:
+        threading.Thread(target=self.answer, daemon=True, name="members").start()
+        pool = ThreadPoolExecutor(min(CREDENTIAL_THREADS, len(self.ranks)))
+        for rank in self.ranks:
+            pool.submit(self.join, rank)
+        pool.shutdown(wait=False)
+
+    def update(self, rank: int, report: Report) -> None:
+        self.reports[rank] = report
+        self.links[rank].update(report)
+
+    def answer(self) -> None:
+        """The members' directives, answered as MemberLauncher.directive does with a training that starts and
+        stops at once."""
+        while True:
+            rank, event = self.events.get()
+            if event[0] == "connected":
+                self.mark("joined", rank)
+            if event[0] != "directive":
+                continue
+            body, report = event[1], self.reports[rank]
+            kind = body.get("type")
+            if kind == "start" and report.status != RUNNING:
+                attempt = int(body["attempt"])
+                self.update(rank, Report(attempt, RUNNING, None, int(body.get("restarts", 0)), body.get("since")))
+                self.mark(f"start{attempt}", rank)
+            elif kind == "stop" and report.status == RUNNING and report.attempt == body.get("attempt"):
+                self.update(rank, replace(report, status=STOPPED, code=143))
+                self.mark(f"stop{report.attempt}", rank)
+            elif kind == "done":
+                outcome = Outcome.from_dict(body["outcome"])
+                self.update(rank, replace(report, status=DONE, outcome=outcome.to_dict()))
+                self.mark("done", rank)
+
+    def command(self, words: list[str]) -> None:
+        if words[0] == "fail":  # a member's training killed (exit 137): restart-gang retries a signal
+            rank = int(words[1])
+            self.mark("fail", rank)
+            self.update(rank, replace(self.reports[rank], status=EXITED, code=137))
+        elif words[0] == "finish":  # every member finished its part (exit 0)
+            for rank in self.ranks:
+                self.update(rank, replace(self.reports[rank], status=EXITED, code=0))
+                self.mark("finish", rank)
+
+
+def run_members(args) -> int:
+    gang, settings = load_gang(args.gang, args.port)
+    low, high = (int(x) for x in args.ranks.split(":"))
+    members = Members(gang, settings, range(low, high), Path(args.tokens))
+    time.sleep(max(0.0, args.go_at - time.time()))
+    members.start()
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        members.command(words)
+    emit("times", times={k: {str(r): t for r, t in v.items()} for k, v in members.times.items()},
+         failures=members.failures[:5])
+    return 0
+
+
+def run_coordinator(args) -> int:
+    """Rank 0's launcher: its key from the notary, the real Coordinator on loopback, its own member's Link, and,
+    once the gang is done, the outcome recorded through the notary (ending.record_through_notary)."""
+    from trainhook.launcher.coordination.coordinator import Coordinator
+    gang, settings = load_gang(args.gang, args.port)
+    notary = NotaryClient(settings.notary_url, settings.notary_ca, token_file=str(Path(args.tokens) / "0.token"))
+    key = notary.gang_key(gang.namespace, gang.job_name, 120, log=lambda line: None)
+    log = Path(args.log).open("a") if args.log else None
+
+    def say(line: str) -> None:
+        if log is not None:
+            log.write(line + "\n")
+            log.flush()
+    coordinator = Coordinator(gang, settings.policy, key, settings.port, log=say)
+    coordinator.start()
+    emit("listening", port=settings.port, threads=threading.active_count())
+    members = Members(gang, settings, range(0, 1), Path(args.tokens))
+    members.start()
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        if words[0] == "finish":  # rank 0 exits 0: the gang succeeds, every member is told, then it is recorded
+            finished = time.time()
+            members.command(words)
+            delivered = coordinator.wait_delivered(120)
+            acked = time.time()
+            outcome = coordinator.state.outcome
+            said = (ending.record_through_notary(gang, replace(settings, key=key), outcome, say, notary)
+                    if outcome else "no outcome")
+            emit("recorded", finished=finished, acked=acked, recorded=time.time(), delivered=delivered,
+                 said=said, outcome=outcome.to_dict() if outcome else None)
+        else:
+            members.command(words)
+    emit("times", times={k: {str(r): t for r, t in v.items()} for k, v in members.times.items()},
+         threads=coordinator.threads())
+    coordinator.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("role", choices=("members", "coordinator"))
+    parser.add_argument("--gang", required=True, help="rank 0's admitted environment, as JSON")
+    parser.add_argument("--tokens", required=True, help="a directory of RANK.token files (TokenRequest tokens)")
+    parser.add_argument("--port", type=int, required=True, help="the coordinator's port on loopback")
+    parser.add_argument("--ranks", default="1:2")
+    parser.add_argument("--go-at", type=float, default=0.0, help="wall-clock time at which every member starts")
+    parser.add_argument("--log", default="", help="the coordinator's log file")
+    args = parser.parse_args(argv)
+    return run_members(args) if args.role == "members" else run_coordinator(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
