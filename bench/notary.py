@@ -13,12 +13,14 @@ containers start (docs/develop/performance.md, "Gang start at scale"). This benc
 
 Each round is a fresh gang (new StatefulSet, new pods, new tokens), so no cache carries over from an earlier
 round. Per gang it reports: seconds until every member has its key (and the median member's), the API calls the
-notary made (the API server's own counters, apiserver_request_total, for the verbs the notary uses), the webhook
+notary made, in all and per member (the API server's own counters, apiserver_request_total, for the verbs the
+notary uses; the namespace's pod list+watch is opened in the warm-up round and serves every gang after it, as it
+serves a namespace's gangs in a cluster; `--notary-tokens review` shows the TokenReview fallback), the webhook
 processes' CPU seconds and the API server's, and the retries the members logged. Every key is checked against
 HMAC-SHA256(gang key, GANG_ID).
 
     python bench/notary.py [--sizes 8,32,64,100] [--rounds 3] [--cpu-limit 0.5] [--replicas 1] [--busy 0]
-                            [--label NAME]
+                            [--notary-tokens auto|review] [--label NAME]
 
 Results: bench/results/notary-<label>.json, and a table on stdout.
 """
@@ -54,8 +56,8 @@ SA = "trainer"
 TICK = os.sysconf("SC_CLK_TCK")
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 # What the notary asks the API server (webhook/notary/cluster.py); the controllers use watches, not these verbs.
-NOTARY_CALLS = {("POST", "tokenreviews"), ("GET", "pods"), ("LIST", "pods"), ("GET", "statefulsets"),
-                ("GET", "jobs")}
+NOTARY_CALLS = {("POST", "tokenreviews"), ("GET", "pods"), ("LIST", "pods"), ("WATCH", "pods"),
+                ("GET", "statefulsets"), ("GET", "jobs")}
 METRIC = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$')
 
 
@@ -213,6 +215,7 @@ def round_of(cp, api, hooks, limits, namespace: str, size: int, index: int, toke
     calls = {k: calls_after.get(k, 0) - calls_before.get(k, 0) for k in sorted(set(calls_after) | set(calls_before))}
     delete_gang(api, namespace, job)
     return {**asked, "size": size, "round": index, "api_calls": sum(calls.values()),
+            "api_calls_per_member": sum(calls.values()) / size,
             "api_calls_by_kind": {k: v for k, v in calls.items() if v},
             "webhook_cpu_s": sum(after - before for after, before in zip(cpu_after, cpu_before)),
             "apiserver_cpu_s": cpu_seconds(apiserver) - api_cpu_before,
@@ -225,8 +228,8 @@ def summary(rounds: list[dict]) -> dict:
     def med(key):
         values = [r[key] for r in rounds]
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-    return {k: med(k) for k in ("all_s", "median_s", "api_calls", "webhook_cpu_s", "apiserver_cpu_s", "retries",
-                                "throttled_s", "load1")}
+    return {k: med(k) for k in ("all_s", "median_s", "api_calls", "api_calls_per_member", "webhook_cpu_s",
+                                "apiserver_cpu_s", "retries", "throttled_s", "load1")}
 
 
 def start_hooks(args, cp, workdir: Path, limits: list[CpuLimit]) -> list:
@@ -239,7 +242,8 @@ def start_hooks(args, cp, workdir: Path, limits: list[CpuLimit]) -> list:
             shutil.copytree(workdir / "replica-0" / "certs", replica_dir / "certs")
         hook = start_webhook(replica_dir, env=cp.env(), extra_args=[
             "--notary-authority", "cluster", "--notary-port", str(port),
-            "--notary-url", f"https://127.0.0.1:{port}", "--gang-key-file", str(key_file)])
+            "--notary-url", f"https://127.0.0.1:{port}", "--gang-key-file", str(key_file),
+            "--notary-tokens", args.notary_tokens])
         hook.notary_url = f"https://127.0.0.1:{port}"
         if limits:
             limits[replica].add(hook.process.pid)
@@ -257,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", type=int, default=0,
                         help="processes spinning on the CPUs meanwhile (a loaded node: its kubelet, containerd, "
                              "the launchers' own start); default 0")
+    parser.add_argument("--notary-tokens", default="auto", choices=("auto", "review"),
+                        help="the webhook's --notary-tokens: auto (the published keys, where served) or review "
+                             "(a TokenReview per member, as before issue 31)")
     parser.add_argument("--label", default="run", help="names the results file")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -279,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             round_of(cp, api, hooks, limits, namespace, 4, 0, workdir / "tokens")  # warm-up: imports, pools
             results = {"label": args.label, "cpu_limit": args.cpu_limit, "replicas": args.replicas, "busy": args.busy,
                        "cpus": os.cpu_count(), "sizes": {}}
-            print(f"{'pods':>5} {'all keys s':>16} {'median member s':>16} {'API calls':>10} {'webhook CPU s':>14} "
+            print(f"{'pods':>5} {'all keys s':>16} {'median member s':>16} {'API calls':>10} {'per member':>10} "
+                  f"{'webhook CPU s':>14} "
                   f"{'apiserver CPU s':>16} {'retries':>8} {'throttled s':>12} {'load':>6}", flush=True)
             for size in sizes:
                 rounds = [round_of(cp, api, hooks, limits, namespace, size, i + 1, workdir / "tokens")
@@ -288,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["sizes"][size] = {"summary": s, "rounds": rounds}
                 print(f"{size:>5} {s['all_s']['median']:>7.2f} ({s['all_s']['min']:.2f}-{s['all_s']['max']:.2f}) "
                       f"{s['median_s']['median']:>16.2f} {s['api_calls']['median']:>10.0f} "
+                      f"{s['api_calls_per_member']['median']:>10.3f} "
                       f"{s['webhook_cpu_s']['median']:>14.2f} {s['apiserver_cpu_s']['median']:>16.2f} "
                       f"{s['retries']['median']:>8.0f} {s['throttled_s']['median']:>12.2f} "
                       f"{s['load1']['median']:>6.1f}", flush=True)
