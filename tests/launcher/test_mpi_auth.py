@@ -124,8 +124,12 @@ class Relay:
                     return
                 sink.sendall(inject + chunk)
                 inject = b""
-        except OSError:
-            pass
+        except OSError:  # a reset: pass it on, or the other end waits for ever
+            for sock in (sink, source):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _agent_frames(self, agent: socket.socket, worker: socket.socket, buffer: bytearray) -> None:
         while True:
