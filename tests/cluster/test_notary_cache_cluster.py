@@ -215,3 +215,23 @@ def test_a_flood_of_bogus_tokens_costs_no_review_and_keeps_the_caches_bounded(co
     assert authority.calls == {}, authority.calls  # its pod from the watch, its anchor kept
     authority.pods.stop()
     authority.threads.shutdown()
+
+
+def test_a_credential_is_refused_only_on_a_fresh_read_never_on_the_watchs_copy(notary, control_plane,
+                                                                                k8s_namespace):
+    """The watch's copy of a member's pod may serve a key, never a refusal: a copy that would refuse (here one made
+    to lag behind the API server: its job-name label gone, as a watch a moment late would show a pod since
+    relabeled) is checked by a GET, and the pod as it is now decides."""
+    api = control_plane.api_client()
+    sts = create_gang(api, k8s_namespace, "stale")
+    key = expected_key(k8s_namespace, "stale", sts["metadata"]["uid"])[1]
+    watching(notary.authority, k8s_namespace)
+    pods = notary.authority.pods.watched[k8s_namespace]
+    wait_for("stale-1 in the watch", lambda: "stale-1" in pods.pods)
+    copy = pods.pods["stale-1"]
+    labels = {k: v for k, v in copy["metadata"]["labels"].items() if k != "trainhook.dev/job-name"}
+    pods.pods["stale-1"] = {**copy, "metadata": {**copy["metadata"], "labels": labels}}
+    token = pod_token(api, k8s_namespace, "stale-1")
+    notary.authority.calls.clear()
+    assert credential(notary, token)["key"] == key
+    assert notary.authority.calls["pod"] >= 1  # the member's pod read afresh: the copy alone would have refused it

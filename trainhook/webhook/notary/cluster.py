@@ -149,9 +149,13 @@ class ClusterAuthority:
     async def get_pod(self, namespace: str, name: str) -> dict | None:
         return await self._call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
-    async def member_pod(self, namespace: str, name: str, uid: str) -> dict | None:
-        """A credential call's pod: from the namespace's watch when it holds it with `uid`, else a GET."""
-        return self.pods.lookup(namespace, name, uid) or await self.get_pod(namespace, name)
+    async def member_pod(self, namespace: str, name: str, uid: str) -> tuple[dict | None, bool]:
+        """A credential call's pod: from the namespace's watch when it holds it with `uid`, else a GET; and
+        whether it was a GET (a fresh read)."""
+        watched = self.pods.lookup(namespace, name, uid)
+        if watched is not None:
+            return watched, False
+        return await self.get_pod(namespace, name), True
 
     def _list_gang_pods_blocking(self, namespace: str) -> dict:
         response = self._send("GET", f"/api/v1/namespaces/{namespace}/pods", None, "application/json",

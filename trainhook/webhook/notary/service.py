@@ -123,8 +123,13 @@ class Notary:
         if remembered is not None:
             raise remembered
         try:
-            identity, pod = await self._who(token, shared)
-            place = place_of(identity, pod)
+            identity, pod, fresh = await self._who(token, shared)
+            try:
+                place = place_of(identity, pod)
+            except Refusal:  # a refusal is decided on a fresh read, never on the watch's copy
+                if fresh:
+                    raise
+                place = place_of(identity, await self.authority.get_pod(identity.namespace, identity.pod))
         except Refusal as e:  # who the token is, and that its pod is (still) in a gang: kept REFUSAL_TTL seconds
             self.refused.put(token, e)
             raise
@@ -138,10 +143,11 @@ class Notary:
             refusal.who = f"{identity.namespace}/{identity.pod}"
             raise refusal from None
 
-    async def _who(self, token: str, shared: bool = False) -> tuple[Identity, dict | None]:
-        """The token's identity (verified, or its remembered answer) and that pod as read now. The pod is read only
-        once the token is verified: a token nobody issued makes no read. With `shared` (a credential call) the pod
-        comes from the namespace's watch where the authority keeps one (pod_watch.py says why that is as fresh)."""
+    async def _who(self, token: str, shared: bool = False) -> tuple[Identity, dict | None, bool]:
+        """The token's identity (verified, or its remembered answer), that pod as read now, and whether it was read
+        with a GET (else it is the watch's copy). The pod is read only once the token is verified: a token nobody
+        issued makes no read. With `shared` (a credential call) the pod comes from the namespace's watch where the
+        authority keeps one (pod_watch.py says why that is as fresh)."""
         authority, known = self.authority, self.reviews.get(token)
         if known is None:
             known = await authority.review_token(token)
@@ -151,8 +157,8 @@ class Notary:
         identity = identity_from_review(known)
         member_pod = getattr(authority, "member_pod", None)
         if shared and member_pod is not None:
-            return identity, await member_pod(identity.namespace, identity.pod, identity.pod_uid)
-        return identity, await authority.get_pod(identity.namespace, identity.pod)
+            return identity, *await member_pod(identity.namespace, identity.pod, identity.pod_uid)
+        return identity, await authority.get_pod(identity.namespace, identity.pod), True
 
     async def _anchor(self, place: Place, fresh_after: float | None) -> Read:
         """The gang's anchor, shared by concurrent requests of the gang (one read for all of them). The pick
