@@ -39,7 +39,7 @@ API_TIMEOUT = 5.0  # seconds per API call (the launcher retries a 503)
 MIN_THREADS, MAX_THREADS = 4, 32
 IDENTITY_AUDIENCES = [keys.IDENTITY_AUDIENCE]
 JWKS_ACCEPT = "application/json, application/jwk-set+json"
-REVIEW_RATE, REVIEW_BURST = 20.0, 50  # TokenReviews a second, and at once, where tokens cannot be checked here
+REVIEW_RATE, REVIEW_BURST = 50.0, 100  # TokenReviews a second, and at once, where tokens cannot be checked here
 PATHS = {"StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}",
          "Job": "/apis/batch/v1/namespaces/{namespace}/jobs/{name}"}
 
