@@ -49,6 +49,12 @@ def sign(token: bytes, direction: str, coordinator_nonce: str, member_nonce: str
     return hmac.new(token, text.encode(), hashlib.sha256).hexdigest()
 
 
+def same_mac(given: str, expected: str) -> bool:
+    """Constant-time, and safe for any string a peer sends: hmac.compare_digest raises TypeError on a non-ASCII
+    str, which would escape a handler that catches RejectedMessage (issue 31)."""
+    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
+
+
 class LineReader:
     """Reads newline-terminated JSON objects from a socket, keeping what arrives beyond a line."""
 
@@ -117,7 +123,7 @@ class Channel:
         if seq != self.received:
             raise RejectedMessage(f"message {seq} out of order (expected {self.received}): a replay")
         expected = sign(self.token, self.in_direction, *self.nonces, seq, body)
-        if not hmac.compare_digest(expected, mac):
+        if not same_mac(mac, expected):
             raise RejectedMessage("bad signature: not signed with this gang's key (another gang, or a forgery)")
         self.received += 1
         return body
