@@ -38,7 +38,6 @@ from trainhook.launcher.outcome import Outcome  # noqa: E402
 from trainhook.launcher.pod_view import GangView, parse_gang  # noqa: E402
 from trainhook.launcher.policy import LaunchSettings, read_settings  # noqa: E402
 
-CREDENTIAL_THREADS = 64  # members of one process asking the notary at once (a pod's launcher asks at its start)
 threading.stack_size(256 * 1024)  # a thousand Link threads per process: small stacks
 
 
@@ -81,14 +80,16 @@ class Tagged:
 class Members:
     """Simulated members: each a NotaryClient and a Link; one thread answers every member's directives."""
 
-    def __init__(self, gang: GangView, settings: LaunchSettings, ranks: range, tokens: Path):
+    def __init__(self, gang: GangView, settings: LaunchSettings, ranks: range, tokens: Path, threads: int = 1):
         self.gang, self.settings, self.ranks, self.tokens = gang, settings, ranks, tokens
+        self.threads = threads  # members of this process asking the notary at once
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.links: dict[int, Link] = {}
         self.reports: dict[int, Report] = {}
         self.times: dict[str, dict[int, float]] = {}
         self.lock = threading.Lock()
         self.failures: list[str] = []
+        self.retries: list[str] = []  # the launcher's "waiting for the gang's key" lines: the notary said not yet
 
     def mark(self, what: str, rank: int) -> None:
         with self.lock:
@@ -98,7 +99,9 @@ class Members:
             seen[rank] = time.time()
             complete = len(seen) == len(self.ranks)
         if complete:
-            emit("all", what=what, first=min(seen.values()), last=max(seen.values()))
+            reasons = sorted({line[:160] for line in self.retries})[:3] if what == "key" else []
+            emit("all", what=what, first=min(seen.values()), last=max(seen.values()), retries=len(self.retries),
+                 reasons=reasons)
 
     def join(self, rank: int) -> None:
         """What a member's launcher does at its start: the key from the notary, then the link to rank 0."""
@@ -106,7 +109,7 @@ class Members:
                               token_file=str(self.tokens / f"{rank}.token"))
         self.mark("asked", rank)
         try:
-            key = notary.gang_key(self.gang.namespace, self.gang.job_name, 300, log=lambda line: None)
+            key = notary.gang_key(self.gang.namespace, self.gang.job_name, 300, log=self.retries.append)
         except Exception as e:  # noqa: BLE001 - counted and said by the parent
             self.failures.append(f"rank {rank}: {e}")
             emit("failed", rank=rank, why=str(e)[:300])
@@ -119,7 +122,7 @@ class Members:
 
     def start(self) -> None:
         threading.Thread(target=self.answer, daemon=True, name="members").start()
-        pool = ThreadPoolExecutor(min(CREDENTIAL_THREADS, len(self.ranks)))
+        pool = ThreadPoolExecutor(max(1, min(self.threads, len(self.ranks))))
         for rank in self.ranks:
             pool.submit(self.join, rank)
         pool.shutdown(wait=False)
@@ -165,7 +168,7 @@ class Members:
 def run_members(args) -> int:
     gang, settings = load_gang(args.gang, args.port)
     low, high = (int(x) for x in args.ranks.split(":"))
-    members = Members(gang, settings, range(low, high), Path(args.tokens))
+    members = Members(gang, settings, range(low, high), Path(args.tokens), args.threads)
     time.sleep(max(0.0, args.go_at - time.time()))
     members.start()
     for line in sys.stdin:
@@ -225,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", required=True, help="a directory of RANK.token files (TokenRequest tokens)")
     parser.add_argument("--port", type=int, required=True, help="the coordinator's port on loopback")
     parser.add_argument("--ranks", default="1:2")
+    parser.add_argument("--threads", type=int, default=16, help="members asking the notary at once")
     parser.add_argument("--go-at", type=float, default=0.0, help="wall-clock time at which every member starts")
     parser.add_argument("--log", default="", help="the coordinator's log file")
     args = parser.parse_args(argv)

@@ -223,12 +223,13 @@ def simulate(args, workdir: Path, log) -> dict:
         children.append(rank0)
         rank0.wait(120, "listening")
         coordinator = rank0.process.pid
-        coordinator_cpu = proc_cpu(coordinator)
+        coordinator_cpu = cpu_before = proc_cpu(coordinator)
         procs = args.procs or max(1, round((args.members - 1) / MEMBERS_PER_PROCESS))
         bounds = [1 + (args.members - 1) * i // procs for i in range(procs + 1)]
         go_at = time.time() + 1.0
         members = [Child(["members", "--gang", str(gang_file), "--tokens", str(tokens), "--port", str(port),
-                          "--ranks", f"{low}:{high}", "--go-at", str(go_at)])
+                          "--ranks", f"{low}:{high}", "--go-at", str(go_at),
+                          "--threads", str(-(-args.concurrency // procs))])
                    for low, high in zip(bounds, bounds[1:]) if high > low]
         children.extend(members)
         apiserver = cp.pids["kube-apiserver"]
@@ -243,13 +244,16 @@ def simulate(args, workdir: Path, log) -> dict:
         first_asked, _ = span(events, "asked")
         _, last_key = span(events, "key")
         calls = notary_calls(calls_before, calls_after)
+        keyed = [e for e in events if e["event"] == "all" and e["what"] == "key"]
+        retries = sum(e.get("retries", 0) for e in keyed)
+        reasons = sorted({r for e in keyed for r in e.get("reasons", [])})[:3]
         log(f"credentials: {last_key - first_asked:.2f} s; the notary's API calls {calls}")
         for child in children:
             child.wait(patience, "all", what="start1")
         events = [e for child in children for e in child.events]
         _, last_join = span(events, "joined")
         _, last_start = span(events, "start1")
-        assembled = proc_status(coordinator)
+        assembled, cpu_started = proc_status(coordinator), proc_cpu(coordinator)
         log(f"barrier: {last_start - last_join:.2f} s after the last join; coordinator {assembled}")
         failed_at = time.time()
         members[0].send(f"fail {bounds[0]}")
@@ -257,6 +261,7 @@ def simulate(args, workdir: Path, log) -> dict:
             child.wait(patience, "all", what="start2")
         events = [e for child in children for e in child.events]
         _, restarted = span(events, "start2")
+        cpu_restarted = proc_cpu(coordinator)
         log(f"restart round: {restarted - failed_at:.2f} s")
         for child in members:
             child.send("finish")
@@ -273,7 +278,8 @@ def simulate(args, workdir: Path, log) -> dict:
         outcome_calls = notary_calls(record_calls, api_counts(api))
         log(f"outcome: {recorded['outcome'] and recorded['outcome']['phase']}, recorded {recorded['said']!r}")
         return {**result, "api_calls_per_member": sum(calls.values()) / args.members, "api_calls": calls,
-                "credential_s": last_key - first_asked, "barrier_s": last_start - last_join,
+                "credential_s": last_key - first_asked, "credential_retries": retries,
+                "credential_retry_reasons": reasons, "barrier_s": last_start - last_join,
                 "restart_s": restarted - failed_at, "outcome_s": recorded["recorded"] - recorded["finished"],
                 "outcome_delivered_s": recorded["acked"] - recorded["finished"], "outcome_api_calls": outcome_calls,
                 "outcome_phase": (recorded["outcome"] or {}).get("phase"), "outcome_recorded": recorded["said"],
@@ -282,6 +288,12 @@ def simulate(args, workdir: Path, log) -> dict:
                 # the same phase's CPU seconds of the API server and of the simulated members (their TLS handshakes)
                 "credential_apiserver_cpu_s": apiserver_cpu, "credential_members_cpu_s": members_cpu,
                 "coordinator_cpu_ms_per_member": coordinator_cpu / args.members * 1000,
+                # by phase: every member's join and the start of attempt 1; the restart round (a stop and a start
+                # each); every member's exit 0, the outcome and its acknowledgement
+                "coordinator_cpu_ms_per_member_join_start": (cpu_started - cpu_before) / args.members * 1000,
+                "coordinator_cpu_ms_per_member_restart": (cpu_restarted - cpu_started) / args.members * 1000,
+                "coordinator_cpu_ms_per_member_finish": (cpu_before + coordinator_cpu - cpu_restarted)
+                / args.members * 1000,
                 "coordinator_rss_mb": max(assembled["peak_rss_mb"], ended["peak_rss_mb"]),
                 "coordinator_threads": max(assembled["threads"], ended["threads"]),
                 "coordinator_fds": assembled["fds"], "member_processes": len(members),
@@ -299,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=100)
     parser.add_argument("--procs", type=int, default=0, help=f"member processes (default: one per "
                                                              f"{MEMBERS_PER_PROCESS} members)")
+    parser.add_argument("--concurrency", type=int, default=96,
+                        help="members asking the notary at once, over all member processes (default %(default)s: "
+                             "under the webhook's 128 connections, connections.MAX_CONNECTIONS; performance.md says "
+                             "what 1,280 at once did)")
     parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else on stdout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, tokens)")
     args = parser.parse_args(argv)
