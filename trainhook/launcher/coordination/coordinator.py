@@ -371,7 +371,7 @@ class Coordinator:
         if seq != conn.received:
             raise wire.RejectedMessage(f"message {seq} out of order (expected {conn.received}): a replay")
         expected = wire.sign(self.key, wire.TO_COORDINATOR, conn.nonce, conn.member_nonce, seq, body)
-        if not hmac.compare_digest(expected, mac):
+        if not wire.same_mac(mac, expected):
             raise wire.RejectedMessage("bad signature: not signed with this gang's key (another gang, or a forgery)")
         conn.received += 1
         return body

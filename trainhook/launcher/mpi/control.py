@@ -58,7 +58,7 @@ from typing import Mapping
 
 from trainhook.gang import keys
 from trainhook.launcher.pod_view import GangView, Peer
-from trainhook.launcher.wire import json_object, set_keepalive
+from trainhook.launcher.wire import json_object, same_mac, set_keepalive
 
 PROTOCOL = "trainhook-mpi/2"  # /1 signed only the challenge, not the message (issue 31)
 # Where workers listen: the gang's port (TRAINHOOK_PORT, the `trainhook.dev/port` annotation), 29498 by default
@@ -117,11 +117,6 @@ def proof(token: bytes, role: str, challenge: str, message: dict) -> str:
     any field (the command, the agent's path, the slots) or replays a message on another connection is refused."""
     text = "|".join((PROTOCOL, role, challenge, canonical(message)))
     return hmac.new(token, text.encode(), hashlib.sha256).hexdigest()
-
-
-def same(given: str, expected: str) -> bool:
-    """A constant-time comparison that any string survives (compare_digest raises on non-ASCII str)."""
-    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
 
 
 def signed(token: bytes, role: str, challenge: str, message: dict) -> dict:
@@ -192,7 +187,7 @@ class LineSocket:
             raise ControlError("an unsigned message on a signed control connection (injected?)")
         if seq != self.received:
             raise ControlError(f"message {seq} out of order (expected {self.received}): a replay")
-        if not same(mac, line_mac(self.session, self.directions[1], seq, body)):
+        if not same_mac(mac, line_mac(self.session, self.directions[1], seq, body)):
             raise ControlError("a message not signed with this connection's key (injected or forged)")
         self.received += 1
         return body
@@ -280,7 +275,7 @@ def authenticate(gang: GangView, token: bytes, sent_challenge: str, message: dic
         return NO_KEY
     if not isinstance(message.get("challenge"), str) or len(message["challenge"]) < 16:
         return "a hello without a challenge"
-    if not same(str(message.get("proof", "")), proof(token, "launcher", sent_challenge, message)):
+    if not same_mac(str(message.get("proof", "")), proof(token, "launcher", sent_challenge, message)):
         return ("the launcher does not hold this gang's key, or its hello was changed on the way (were the pods "
                 "admitted by different webhooks?)")
     return ""
@@ -332,7 +327,7 @@ def worker_answer(channel: LineSocket, token: bytes, mine: str) -> dict:
         if answer.get("retry"):  # a worker still waiting for its key: ask again until the deadline
             raise ControlError(f"it refused for now: {answer.get('error', 'no reason given')}")
         raise WorkerRefused(f"it refused: {answer.get('error', 'no reason given')}")
-    if not same(str(answer.get("proof", "")), proof(token, "worker", mine, answer)):
+    if not same_mac(str(answer.get("proof", "")), proof(token, "worker", mine, answer)):
         raise WorkerRefused("it does not hold this gang's key, or its answer was changed on the way")
     return answer
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from trainhook.launcher import notary_client
 from trainhook.launcher.pod_view import GangView
+from trainhook.launcher.wire import same_mac
 from trainhook.launcher.reach import (LISTED, Backoff, PeerAddress, connect_peer, describe, listen, qualified,
                                      retry_floor, search_domain, why)
 from trainhook.launcher.wait.dns import CONNECT_TIMEOUT, MEMBER_FLOOR, REPORT_EVERY, Progress, Result, say, wait_names
@@ -55,11 +56,6 @@ def gang_wait_key(gang: GangView, deadline: float, env=os.environ) -> bytes:
 def mac(key: bytes, direction: str, rank0_nonce: str, member_nonce: str, number: int, text: str) -> str:
     message = "|".join((PROTOCOL, direction, rank0_nonce, member_nonce, str(number), text))
     return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
-
-
-def same(given: str, expected: str) -> bool:
-    """A constant-time comparison that any line survives (compare_digest raises on non-ASCII str)."""
-    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
 
 
 def plain_ip(address: str) -> str:
@@ -243,7 +239,7 @@ class Gathering:
         else:
             expected = mac(self.key, TO_RANK0, session.rank0_nonce, session.member_nonce, 0, f"member {session.rank}")
             word, _, proof = line.partition(" ")
-            if word != "proof" or not same(proof, expected):
+            if word != "proof" or not same_mac(proof, expected):
                 self.refuse(sock, "no proof: not signed with this gang's key")
                 return
         self.count(sock, session)
@@ -362,7 +358,7 @@ def signed_line(line: str | None, key: bytes, theirs: str, mine: str, number: in
     if line is None or not key:
         return line
     text, _, tag = line.rpartition(" ")
-    if not same(tag, mac(key, TO_MEMBER, theirs, mine, number, text)):
+    if not same_mac(tag, mac(key, TO_MEMBER, theirs, mine, number, text)):
         raise ConnectionError(f"a line not signed with the gang's key came from rank 0's address: {text[:40]!r}")
     return text
 

@@ -82,4 +82,5 @@ def verify(key: bytes, namespace: str, pod: dict) -> bool:
     gang and at the place it names. False without a stamp, a key, or a controller."""
     expected = stamp(key, namespace, pod)
     found = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.PROVENANCE)
-    return expected is not None and isinstance(found, str) and hmac.compare_digest(found, expected)
+    return expected is not None and isinstance(found, str) and \
+        hmac.compare_digest(found.encode("utf-8", "replace"), expected.encode())  # any annotation a user wrote
