@@ -11,7 +11,8 @@ import re
 from typing import Any
 
 from trainhook.gang import keys
-from trainhook.webhook.admission.delivery import deliver_launcher, delivered_by_configmap, give_identity, identity_env
+from trainhook.webhook.admission.delivery import (IDENTITY_MOUNT, deliver_launcher, delivered_by_configmap,
+                                                 give_identity, identity_env)
 from trainhook.gang.shape import elastic_shape
 from trainhook.webhook.admission.frameworks import elastic_range, framework_env, framework_pod_hook
 from trainhook.webhook.admission import provenance
@@ -233,10 +234,13 @@ def restricted_context() -> dict:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver: bool) -> dict:
+def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver: bool,
+                        identity: list[tuple[str, str]] | None = None) -> dict:
     """The init container that first delivers the launcher (when `deliver`), then holds the pod until every
     peer resolves (or accepts connections); `gang` is the member's TRAINHOOK_* variables. One container does
-    both: one image start per pod, not two."""
+    both: one image start per pod, not two. With `identity` (the notary's variables; tcp mode, where the pod has
+    the identity volume) it also mounts the pod's token, so the tcp wait asks the notary for the gang's key and
+    proves every hello with it (launcher/wait/tcp.py)."""
     container = {
         "name": keys.GANG_WAIT_CONTAINER,
         "image": settings.launcher_image,
@@ -245,18 +249,24 @@ def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver
         "resources": json_copy(settings.init_resources),
         "securityContext": restricted_context(),
     }
-    if deliver:
-        container["volumeMounts"] = [{"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR}]
+    mounts = [{"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR}] if deliver else []
+    if identity:
+        container["env"] += [{"name": n, "value": v} for n, v in identity]
+        mounts.append(dict(IDENTITY_MOUNT))
+    if mounts:
+        container["volumeMounts"] = mounts
     return container
 
 
 def set_gang_wait(spec: dict, member: Member, gang: list[tuple[str, str]], settings: Settings,
-                  deliver: bool) -> None:
-    if member.option(keys.GANG_WAIT, "dns") == "none" and not deliver:
+                  deliver: bool, identity: list[tuple[str, str]] | None = None) -> None:
+    mode = member.option(keys.GANG_WAIT, "dns")
+    if mode == "none" and not deliver:
         return
     init = spec.get("initContainers") or []
     if not any(c.get("name") == keys.GANG_WAIT_CONTAINER for c in init):
-        spec["initContainers"] = [gang_wait_container(gang, settings, deliver)] + init
+        spec["initContainers"] = [gang_wait_container(gang, settings, deliver,
+                                                      identity if mode == "tcp" else None)] + init
 
 
 def set_address(pod: dict, member: Member, problems: Problems) -> None:
@@ -325,13 +335,15 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     framework_pod_hook(member, spec, container, problems)
     configmap = settings.launcher_configmap if namespace in settings.launcher_namespaces else None
     delivered = deliver_launcher(spec, container, member, annotations, problems, configmap)
+    identity: list[tuple[str, str]] = []
     if delivered and settings.notary_url and give_identity(spec, container, problems):
         # Only a delivered launcher talks to the notary (docs/operate/security.md); no key is ever in the spec.
-        injected += identity_env(settings.notary_url, notary_ca_pem(settings))
+        identity = identity_env(settings.notary_url, notary_ca_pem(settings))
+        injected += identity
     set_env(container, injected, warnings)
     set_tolerations(spec, gpus, namespace, settings)
     if not (delivered and delivered_by_configmap(spec)):  # else the launcher's own barrier is the gang wait
-        set_gang_wait(spec, member, gang, settings, delivered)
+        set_gang_wait(spec, member, gang, settings, delivered, identity)
     set_gang_scheduling(pod, member, problems, warnings)
     set_provenance(pod, namespace, settings.gang_key)
     return pod, problems
