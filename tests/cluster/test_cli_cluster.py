@@ -6,6 +6,8 @@ gang in `list`, `submit --wait` report progress and time out, and `delete` remov
 
 from __future__ import annotations
 
+import re
+
 import threading
 import time
 from pathlib import Path
@@ -61,7 +63,11 @@ def test_submit_status_list_logs_delete_a_gang(control_plane, k8s_namespace, mut
 
     code, out, _ = cli(capsys, "list", *kube)
     assert code == 0
-    assert out.split("\n")[1].split() == ["mnist", "pytorch", "master=1,worker=2", "0/3", "0", "Pending"]
+    assert out.split("\n")[0].split() == ["NAME", "FRAMEWORK", "SHAPE", "PODS", "RESTARTS", "OUTCOME", "PROGRESS",
+                                         "DURATION", "AGE"]
+    row = out.split("\n")[1].split()
+    assert row[:7] == ["mnist", "pytorch", "master=1,worker=2", "0/3", "0", "Pending", "-"], row
+    assert all(re.fullmatch(r"-|\d+[smhd](\d+[smh])?", cell) for cell in row[7:]) and len(row) == 9, row
 
     code, out, err = cli(capsys, "logs", "mnist", *kube)
     assert code == 0 and out == ""

@@ -7,6 +7,8 @@ controller makes). What the CLI and SDK then show comes from the objects as the 
 
 from __future__ import annotations
 
+import re
+
 import threading
 import time
 
@@ -71,7 +73,8 @@ def test_a_finished_gang_without_pods_shows_its_record_shape_and_kept_lines(
 
     code, out, _ = cli(capsys, "list", *kube)
     (row,) = [line.split() for line in out.splitlines() if line.startswith("fin ")]
-    assert row == ["fin", "pytorch", "worker=2", "0/2", "0", "Failed"]
+    assert row[:7] == ["fin", "pytorch", "worker=2", "0/2", "0", "Failed", "-"], row
+    assert all(re.fullmatch(r"-|\d+[smhd](\d+[smh])?", cell) for cell in row[7:]) and len(row) == 9, row
 
     code, out, err = cli(capsys, "logs", "fin", *kube)
     assert code == 0, err

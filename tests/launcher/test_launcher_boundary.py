@@ -319,6 +319,7 @@ ZIP_WITH_BYTECODE = [
     'trainhook/launcher/pod_view.py',
     'trainhook/launcher/policy.py',
     'trainhook/launcher/process.py',
+    'trainhook/launcher/progress.py',
     'trainhook/launcher/reach.py',
     'trainhook/launcher/run.py',
     'trainhook/launcher/speak.py',

@@ -21,7 +21,8 @@ from trainhook.webhook.notary import service as notary
 from trainhook.webhook.notary import settings as notary_settings
 from trainhook.webhook.connections import app_runner, guard_app, serve_app
 from trainhook.webhook.notary.gang_key import GangKey
-from trainhook.webhook.handlers import LIFECYCLE, SETTINGS, WORKLOADS
+from trainhook.webhook.handlers import LIFECYCLE, METRICS, SETTINGS, WORKLOADS
+from trainhook.webhook.notary.metrics import NotaryMetrics
 from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client
 from trainhook.webhook.statefulset_cache import StatefulSetCache, start_background
 from trainhook.webhook.tlsreload import CertReloader
@@ -127,7 +128,8 @@ def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SS
     if args.notary_authority == "none":
         return
     notary_app = notary.create_app(notary.Notary(notary_settings.authority_from(args, api_client),
-                                                 lambda: app[SETTINGS].settings.gang_key))
+                                                 lambda: app[SETTINGS].settings.gang_key,
+                                                 metrics=NotaryMetrics(app[METRICS].registry)))
     # Every pod may reach this port (the chart's NetworkPolicy opens it to all): the same connection cap, head
     # deadline and head bounds as the admission port (connections.py), not a bare TCPSite that idle clients fill.
     guard_app(notary_app)
