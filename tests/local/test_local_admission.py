@@ -11,7 +11,7 @@ import pytest
 
 from trainhook.gang import keys
 from trainhook.local.admission import AdmissionError, Denied, WebhookServer, apply_response, build_review
-from trainhook.local.controllers import ADMIN_USER, job_pods, statefulset_pods, store
+from trainhook.local.controllers import ADMIN_USER, controller_user, job_pods, statefulset_pods, store
 from trainhook.local.manifest import parse_manifest
 from trainhook.local.run import admit_manifest
 
@@ -78,7 +78,8 @@ def test_the_real_webhook_mutates_a_labeled_statefulset_and_its_pods(webhook):
     stored = store(client.admit(STS, ADMIN_USER).obj)
     assert stored["spec"]["podManagementPolicy"] == "Parallel"
     assert stored["spec"]["template"]["metadata"]["annotations"][keys.REPLICAS] == "worker=2"
-    pod = client.admit(statefulset_pods(stored)[1], ADMIN_USER).obj
+    # as on a cluster: the StatefulSet controller creates the pod (its creator is checked: provenance.py)
+    pod = client.admit(statefulset_pods(stored)[1], controller_user("statefulset-controller")).obj
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env[keys.TH_RANK] == "1" and env["MASTER_ADDR"] == "ddp-0.ddp"
     assert pod["spec"]["initContainers"][0]["name"] == keys.GANG_WAIT_CONTAINER
