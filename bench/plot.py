@@ -151,8 +151,9 @@ def plot_scale_sim(runs: list[dict]) -> None:
                                       ("coordinator_rss_mb", "coordinator RSS (MB)", "C1"))),
     )
     for axis, unit, series in panels:
-        for key, label, color in series:
-            axis.plot(sizes, [r[key] for r in runs], marker="o", color=color, label=label)
+        for key, label, color in series:  # a run stopped early (10,000 here) has some figures only
+            points = [(r["members"], r[key]) for r in runs if key in r]
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=color, label=label)
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_xticks(sizes, [f"{s:,}" for s in sizes])
