@@ -13,8 +13,10 @@ TRAINHOOK_CLUSTER_SCHEDULER=1 to run kube-scheduler too (pods then get PodSchedu
 `mutating_webhook` (module): the real webhook server (tests/conftest.py's `webhook`) registered with the control
 plane, in force before the first test of the module.
 
-`notary` (module): the webhook's console script with `--notary-authority cluster` and the gang key
-cluster_api.NOTARY_GANG_KEY, its notary on a free port (`.notary_url`).
+`notary` (module; also `gang_webhook`, for a module that runs a notary of its own with the same key): the
+webhook's console script with `--notary-authority cluster` and the gang key cluster_api.NOTARY_GANG_KEY, its notary
+on a free port (`.notary_url`), registered as the mutating webhook too (as the chart's Deployment is both): the gang
+pods a notary is asked about were admitted and stamped under that key.
 
 The helpers (register_webhook, wait_for_service_account_token, hack/cluster.py as `cluster`) are
 tests/support/cluster_api.py's.
@@ -87,7 +89,12 @@ def mutating_webhook(control_plane, webhook):
 
 
 @pytest.fixture(scope="module")
-def notary(control_plane, tmp_path_factory):
+def notary(gang_webhook):
+    return gang_webhook
+
+
+@pytest.fixture(scope="module")
+def gang_webhook(control_plane, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("notary")
     key_file = workdir / "gang.key"
     key_file.write_bytes(NOTARY_GANG_KEY)
@@ -96,5 +103,13 @@ def notary(control_plane, tmp_path_factory):
         "--notary-authority", "cluster", "--notary-port", str(port), "--notary-url", f"https://127.0.0.1:{port}",
         "--gang-key-file", str(key_file)])
     hook.notary_url = f"https://127.0.0.1:{port}"
-    yield hook
-    hook.stop()
+    # It is the mutating webhook too, as the chart's Deployment is: gang pods are admitted and stamped with the
+    # gang key their notary verifies (webhook/admission/provenance.py).
+    with control_plane.api_client() as api:
+        register_webhook(api, hook.ca_file.read_bytes(), hook.url + "/mutate")
+        wait_until_mutating(api)
+        try:
+            yield hook
+        finally:
+            unregister_webhook(api)
+            hook.stop()

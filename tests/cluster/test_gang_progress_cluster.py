@@ -75,9 +75,12 @@ def test_a_launchers_progress_is_recorded_on_the_workload_and_read_by_kubectl_st
 
 
 def bare_pod(name: str, index: int) -> dict:
-    """A bare-Pod gang's member as the webhook leaves it (its rank and shape in its environment)."""
+    """A bare-Pod gang's member as the webhook leaves it (its rank and shape in its environment), and as a user
+    writes it (index and shape), so the module's registered webhook admits it too."""
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{name}-{index}", "labels": {keys.JOB_NAME: name, keys.FRAMEWORK: "pytorch"}},
+            "metadata": {"name": f"{name}-{index}", "labels": {keys.JOB_NAME: name, keys.FRAMEWORK: "pytorch",
+                                                               keys.INDEX: str(index)},
+                         "annotations": {keys.REPLICAS: "worker=3"}},
             "spec": {"containers": [{"name": "trainer", "image": "busybox", "command": ["true"],
                                      "env": [{"name": keys.TH_RANK, "value": str(index)},
                                              {"name": keys.TH_REPLICAS, "value": "worker=3"}]}]}}

@@ -49,7 +49,8 @@ def watching(authority: ClusterAuthority, namespace: str) -> None:
 
 
 @pytest.fixture
-def notary(control_plane):
+def notary(control_plane, gang_webhook):
+    """This process's notary; the gang pods are admitted and stamped by `gang_webhook` under the same key."""
     api = control_plane.api_client()
     authority = CountingAuthority(api)
     notary = Notary(authority, GANG_KEY, reviews=ReviewCache(max_age=LONG), anchors=SharedReads(ttl=LONG))
@@ -177,7 +178,7 @@ def test_a_replaced_rank_0_and_a_labeled_non_member_are_judged_on_fresh_reads(no
         assert refused.who == f"{k8s_namespace}/{name}"
 
 
-def test_a_flood_of_bogus_tokens_costs_no_review_and_keeps_the_caches_bounded(control_plane,
+def test_a_flood_of_bogus_tokens_costs_no_review_and_keeps_the_caches_bounded(control_plane, gang_webhook,
                                                                                k8s_namespace):
     api = control_plane.api_client()
     authority = CountingAuthority(api)

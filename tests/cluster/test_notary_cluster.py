@@ -28,12 +28,14 @@ def call(notary, method: str, path: str, token: str | None, body: dict | None = 
 
 
 def gang_template(job: str, replicas: int, extra_labels: dict | None = None, role: str = "worker") -> dict:
-    """A pod template as the webhook leaves it on an admitted StatefulSet: the gang's labels and shape stamped."""
+    """A pod template as the webhook leaves it on an admitted StatefulSet: the gang's labels and shape stamped (the
+    `notary` fixture's webhook admits it again, and its pods)."""
     labels = {"app": job, "trainhook.dev/framework": "pytorch", "trainhook.dev/job-name": job,
               "trainhook.dev/role": role, **(extra_labels or {})}
     return {"metadata": {"labels": labels, "annotations": {"trainhook.dev/replicas": f"{role}={replicas}"}},
             "spec": {"serviceAccountName": SA, "automountServiceAccountToken": False,
-                     "containers": [{"name": "trainer", "image": "example.com/train:1"}]}}
+                     "containers": [{"name": "trainer", "image": "example.com/train:1",
+                                     "command": ["python", "train.py"]}]}}
 
 
 def create_gang(api, namespace: str, job: str, replicas: int = 2) -> dict:
@@ -234,3 +236,23 @@ def test_a_job_deleted_and_recreated_gets_another_key(notary, control_plane, k8s
     assert stale.status_code == 403, stale.text
     assert "not the pod the token was issued to" in stale.json()["error"]
 
+
+
+def test_a_pod_patched_after_admission_into_another_gang_or_owner_is_refused(notary, control_plane, k8s_namespace):
+    """Pods are registered with the webhook at CREATE only: what is patched onto one later passes no admission.
+    Its provenance stamp (webhook/admission/provenance.py) then no longer matches, and the notary refuses it
+    (issue 31 item 1). Here an admin patches: an ownerReference to another gang's StatefulSet, then a job name."""
+    api = control_plane.api_client()
+    core = client.CoreV1Api(api)
+    create_gang(api, k8s_namespace, "mine")
+    other = create_gang(api, k8s_namespace, "theirs")
+    assert call(notary, "POST", "/v1/credential", pod_token(api, k8s_namespace, "mine-1"), {}).status_code == 200
+    owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "theirs", "uid": other["metadata"]["uid"],
+             "controller": True, "blockOwnerDeletion": True}
+    core.patch_namespaced_pod("mine-1", k8s_namespace, [  # a JSON patch: the owner replaced, not merged
+        {"op": "replace", "path": "/metadata/ownerReferences", "value": [owner]},
+        {"op": "replace", "path": "/metadata/labels/trainhook.dev~1job-name", "value": "theirs"}])
+    answer = call(notary, "POST", "/v1/credential", pod_token(api, k8s_namespace, "mine-1"), {})
+    assert answer.status_code == 403, answer.text
+    assert "trainhook.dev/provenance stamp does not match" in answer.json()["error"], answer.text
+    assert "key" not in answer.json()

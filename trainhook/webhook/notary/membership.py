@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from trainhook.gang import keys
 from trainhook.gang.lookup import LABELS, lookup
+from trainhook.webhook.admission import provenance
 from trainhook.webhook.admission.member import Member, Problems
 from trainhook.webhook.admission.pods import member_of
 
@@ -157,8 +158,21 @@ def _owner_ref(pod: dict) -> WorkloadRef | None:
     return None
 
 
-def place_of(identity: Identity, pod: dict | None) -> Place:
-    """Verify the token's pod (it still exists, with the token's uid) and place it in its gang; 403 otherwise."""
+def made_by_its_controller(key: bytes, namespace: str, pod: dict, who: str) -> None:
+    """403 unless a pod that names a StatefulSet or Job as its controller carries the webhook's provenance stamp of
+    what it says now (webhook/admission/provenance.py): made by that controller for that gang and place. An
+    ownerReference or a job-name label written by anyone else, at creation or by a later patch, is not trusted."""
+    owner = _owner_ref(pod)
+    if key and owner is not None and owner.kind in WORKLOAD_KINDS and not provenance.verify(key, namespace, pod):
+        raise Refusal(403, f"{who} names {owner.kind}/{owner.name} as its controller, but was not admitted as that "
+                           f"controller's pod as it is now (its {keys.PROVENANCE} stamp does not match: created by "
+                           "someone else, changed after admission, or admitted before the gang key it was "
+                           "stamped with)")
+
+
+def place_of(identity: Identity, pod: dict | None, key: bytes = b"") -> Place:
+    """Verify the token's pod (it still exists, with the token's uid, made by the controller it names when `key`
+    is given) and place it in its gang; 403 otherwise."""
     who = f"pod {identity.namespace}/{identity.pod}"
     if pod is None:
         raise Refusal(403, f"{who} does not exist (any more)")
@@ -174,6 +188,7 @@ def place_of(identity: Identity, pod: dict | None) -> Place:
     member = member_of(pod, identity.namespace, problems)
     if member is None:
         raise Refusal(403, f"{who} was not admitted as a member of gang {job}: {'; '.join(problems)}")
+    made_by_its_controller(key, identity.namespace, pod, who)
     return Place(identity.namespace, job, identity.pod, identity.pod_uid, member, _owner_ref(pod))
 
 
@@ -240,16 +255,19 @@ def role_workloads(job: str, roles: tuple[str, ...]) -> set[str]:
     return {f"{job}-{role}" for role in roles} if len(roles) > 1 else set()
 
 
-def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workload: dict | None) -> Gang:
+def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workload: dict | None,
+           key: bytes = b"") -> Gang:
     """Whether the placed pod is a member of the gang anchored at `anchor`, whose workload (as read now) is
     `anchor_workload` (None for a bare-Pod gang, or when it is gone); `own_workload` is the requester's own
-    controller as read now (None: a bare pod, or gone). Returns the gang, or raises 403/503."""
+    controller as read now (None: a bare pod, or gone). With `key`, rank 0's pod must carry the provenance of the
+    controller it names. Returns the gang, or raises 403/503."""
     anchor_ref = anchor_workload_of(anchor)
     anchor_meta = anchor.get("metadata") or {}
     gang = f"gang {place.namespace}/{place.job}"
     if anchor_ref.kind != "Pod":
         if anchor_workload is None or (anchor_workload.get("metadata") or {}).get("uid") != anchor_ref.uid:
             raise Refusal(503, f"{gang}: rank 0's {anchor_ref.kind}/{anchor_ref.name} is gone or being replaced")
+        made_by_its_controller(key, place.namespace, anchor, f"{gang}: rank 0's pod {anchor_meta.get('name')}")
         if not is_gang_workload(anchor_workload, place.job):
             raise Refusal(403, f"{gang}: rank 0's pod {anchor_meta.get('name')} names {anchor_ref.kind}/"
                                f"{anchor_ref.name} as its controller, which is not a trainhook gang of job "

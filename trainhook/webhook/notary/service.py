@@ -125,11 +125,12 @@ class Notary:
         try:
             identity, pod, fresh = await self._who(token, shared)
             try:
-                place = place_of(identity, pod)
+                place = place_of(identity, pod, self.key_now())
             except Refusal:  # a refusal is decided on a fresh read, never on the watch's copy
                 if fresh:
                     raise
-                place = place_of(identity, await self.authority.get_pod(identity.namespace, identity.pod))
+                place = place_of(identity, await self.authority.get_pod(identity.namespace, identity.pod),
+                                 self.key_now())
         except Refusal as e:  # who the token is, and that its pod is (still) in a gang: kept REFUSAL_TTL seconds
             self.refused.put(token, e)
             raise
@@ -197,7 +198,7 @@ class Notary:
             own = (await self.anchors.get(("workload", place.namespace, owner.kind, owner.name),
                                           lambda: self.authority.get_workload(place.namespace, owner.kind,
                                                                               owner.name), began)).value
-        return Verified(place, decide(place, anchor.pod, anchor.workload, own), anchor.workload)
+        return Verified(place, decide(place, anchor.pod, anchor.workload, own, self.key_now()), anchor.workload)
 
     # --- what the calls do, once verified --------------------------------------------------------------------
     def credential(self, verified: Verified) -> dict:
