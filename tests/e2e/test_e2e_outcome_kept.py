@@ -22,8 +22,7 @@ from test_e2e_webhook_down import deployment, scale_webhook
 TRAINING = ("import os, sys, time\n"
             "print('training', flush=True)\n"
             "while not os.path.exists('/tmp/end'): time.sleep(0.2)\n"
-            "rank = int(os.environ['RANK'])\n"
-            "code = int(os.environ.get('FAIL_RANK1', '0')) if rank == 1 else 0\n"
+            "code = int(os.environ.get('EXIT_CODE', '0'))\n"
             "print('ending', code, flush=True)\n"
             "sys.exit(code)\n")
 
@@ -36,7 +35,7 @@ def test_gangs_that_end_while_the_deployment_is_scaled_to_zero_are_recorded_and_
     try:
         for name, fail in gangs.items():
             service, sts = statefulset_gang(name, node.images["torch"], ["python", "-c", TRAINING], 2)
-            sts["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "FAIL_RANK1", "value": fail}]
+            sts["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "EXIT_CODE", "value": fail}]
             node.apply(NAMESPACE, [service, sts])
         for name in gangs:  # every member has its key and trains: the notary is not needed until the end
             wait_for(lambda name=name: len(pods_of(node, name)) == 2 and all(
