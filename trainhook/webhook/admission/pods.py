@@ -249,7 +249,7 @@ def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver
         "resources": json_copy(settings.init_resources),
         "securityContext": restricted_context(),
     }
-    mounts = [{"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR}] if deliver else []
+    mounts: list[dict] = [{"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR}] if deliver else []
     if identity:
         container["env"] += [{"name": n, "value": v} for n, v in identity]
         mounts.append(dict(IDENTITY_MOUNT))
