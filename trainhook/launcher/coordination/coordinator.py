@@ -5,14 +5,11 @@ server on the coordinator port (29497) speaking the gang's wire (wire.py: greeti
 rank 0 imports it (member_run), so a member's start never loads it. The rules it carries out are
 coordinator_rules.py's docstring (contract section 7).
 
-Why one thread (issue 32): a gang of 10,000 members is 10,000 connections. Until issue 32 each had a thread of its
-own, and every decision was written to every member's socket while the gang's lock was held, so one member that did
-not read held up the whole gang's decisions, and 10,000 threads' stacks and switches were the coordinator's cost.
-Here one `selectors` loop holds every socket, non-blocking: it reads lines as they come, decides under the lock (pure
-bookkeeping, no I/O), and takes the messages out of the lock before it signs them and queues them on each
-connection, written as each socket can take them. A member that stops reading loses its connection once
-OUT_LIMIT bytes wait for it (it reconnects and is told the state again), never the gang's time. The threads are a
-fixed number (this loop; a caller's wait_delivered), whatever the gang's size.
+Why one thread (issue 32): a gang of 10,000 members is 10,000 connections. Each had a thread of its own, and every
+decision was written to every member's socket with the gang's lock held, so one member that did not read held up
+the whole gang. Now one `selectors` loop holds every socket, non-blocking: it decides under the lock (bookkeeping, no
+I/O), then signs the messages and queues them per connection outside it, written as each socket can take them. A
+member that stops reading is dropped once OUT_LIMIT bytes wait for it (it reconnects and is told the state again).
 """
 
 from __future__ import annotations
@@ -90,9 +87,8 @@ class Coordinator:
     def start(self) -> None:
         """Listen (raises OSError when the port is taken) and serve on one daemon thread."""
         self.server = listen(self.port)
-        self.server.setblocking(False)
-        self.wake_r.setblocking(False)
-        self.wake_w.setblocking(False)
+        for sock in (self.server, self.wake_r, self.wake_w):
+            sock.setblocking(False)
         self.selector.register(self.server, selectors.EVENT_READ, None)
         self.selector.register(self.wake_r, selectors.EVENT_READ, None)
         members = (f"{self.gang.elastic[0]} to {self.gang.elastic[1]} members (elastic)" if self.gang.elastic
@@ -107,11 +103,10 @@ class Coordinator:
         self._wake()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(5.0)
-        elif self.thread is None:
-            if self.server is not None:
-                self.server.close()
-            self.wake_r.close()
-            self.wake_w.close()
+        elif self.thread is None:  # never started: nothing else holds these
+            for sock in (self.server, self.wake_r, self.wake_w):
+                if sock is not None:
+                    sock.close()
 
     def adopt(self, outcome: Outcome, source: str) -> None:
         with self.lock:
@@ -131,7 +126,7 @@ class Coordinator:
         return True
 
     def threads(self) -> int:
-        """The threads this coordinator runs (one, whatever the gang's size): what bench/gang_scale_sim reports."""
+        """The threads this coordinator runs: one, whatever the gang's size."""
         return 1 if self.thread is not None and self.thread.is_alive() else 0
 
     # --- decisions out ----------------------------------------------------------------------------------------
@@ -226,11 +221,7 @@ class Coordinator:
                         except OSError:
                             pass
                     else:
-                        conn = key.data
-                        if mask & selectors.EVENT_WRITE:
-                            self._write(conn)
-                        if mask & selectors.EVENT_READ and not conn.closed:
-                            self._read(conn)
+                        self._serve(key.data, mask)
                     self._send()
                 self._send()
                 now = time.monotonic()
@@ -248,6 +239,18 @@ class Coordinator:
                         self.selector.register(self.server, selectors.EVENT_READ, None)
         finally:
             self._shutdown()
+
+    def _serve(self, conn: Connection, mask: int) -> None:
+        """One connection's readiness. What fails unexpectedly costs that connection, never the loop: with one
+        thread for the whole gang, an exception escaping here would silence the coordinator for every member."""
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self._write(conn)
+            if mask & selectors.EVENT_READ and not conn.closed:
+                self._read(conn)
+        except Exception as e:  # noqa: BLE001 - said, and the connection closed; the member reconnects
+            self.say(f"closed the connection from {conn.peer} after an internal error: {e!r}")
+            self._drop(conn)
 
     def _shutdown(self) -> None:
         for key in list(self.selector.get_map().values()):
