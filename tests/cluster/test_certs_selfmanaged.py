@@ -136,7 +136,7 @@ def release(control_plane, k8s_namespace):
                   "ClusterRoleBinding": rbac.create_cluster_role_binding}
         for manifest in ours:
             create[manifest["kind"]](manifest)
-        account = find(manifests, "ServiceAccount")["metadata"]["name"]
+        account = find(manifests, "ServiceAccount", fullname)["metadata"]["name"]
         token = wait_for_service_account_token(api, k8s_namespace, account)
         try:
             yield Release(control_plane, k8s_namespace, fullname, manifests, token, f"https://{HOST}:{port}")

@@ -120,7 +120,7 @@ def test_an_existing_secret_is_only_read_and_a_missing_or_short_one_is_named_wit
                               "verbs": ["get"]}]
     with control_plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
-        core.create_namespaced_service_account(k8s_namespace, find(manifests, "ServiceAccount"))
+        core.create_namespaced_service_account(k8s_namespace, find(manifests, "ServiceAccount", "mine"))
         rbac.create_namespaced_role(k8s_namespace, role)
         rbac.create_namespaced_role_binding(k8s_namespace, find(manifests, "RoleBinding", "mine-gang-key"))
         token = selfmanaged.wait_for_service_account_token(api, k8s_namespace, "mine")

@@ -1,7 +1,9 @@
 """The webhook keeps the launcher ConfigMap on a real API server (v1.20, with its garbage collector), as the chart's
-ServiceAccount with only the chart's launcher ClusterRole: created immutable and owned by that ClusterRole, left
-alone while it is right, an impostor under its name replaced, a namespace that does not exist yet served once it
-does, old versions removed once no pod mounts them, and everything gone when the ClusterRole is (helm uninstall)."""
+ServiceAccount with only the chart's launcher rights (the ClusterRole that owns the ConfigMaps and may read only
+itself, and a Role on ConfigMaps in each of trainingNamespaces): created immutable and owned by that ClusterRole, left
+alone while it is right, an impostor under its name replaced, a namespace created after the install refused until a
+`helm upgrade` lists it (its Role) and then served, old versions removed once no pod mounts them, and everything gone
+when the ClusterRole is (helm uninstall)."""
 
 from __future__ import annotations
 
@@ -23,28 +25,50 @@ from trainhook.webhook.admission.delivery import launcher_configmap_volume
 pytestmark = pytest.mark.cluster
 
 
+def launcher_objects(manifests: list[dict]) -> list[dict]:
+    """The chart's launcher rights: the objects of component `launcher`."""
+    return [m for m in manifests if m["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "launcher"]
+
+
+def create_launcher_roles(rbac, manifests: list[dict], namespaces: list[str]) -> None:
+    """Create the rendered launcher Role and RoleBinding of each of `namespaces`, as `helm install` (or an upgrade
+    that adds them) does."""
+    for namespace in namespaces:
+        for kind, create in [("Role", rbac.create_namespaced_role),
+                             ("RoleBinding", rbac.create_namespaced_role_binding)]:
+            [manifest] = [m for m in launcher_objects(manifests)
+                          if m["kind"] == kind and m["metadata"]["namespace"] == namespace]
+            create(namespace, manifest)
+
+
 @pytest.fixture
 def launcher_rbac(control_plane, k8s_namespace):
-    """The chart's launcher ClusterRole and binding for a release in `k8s_namespace`, with a namespace in
-    trainingNamespaces that does not exist (yet); yields (manifests, token, missing namespace)."""
-    fullname, missing = f"th-{uuid.uuid4().hex[:8]}", f"later-{uuid.uuid4().hex[:8]}"
-    manifests = render_chart({"fullnameOverride": fullname, "trainingNamespaces": [k8s_namespace, missing]},
-                             k8s_namespace)
-    ours = [m for m in manifests if m["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "launcher"]
-    assert sorted(m["kind"] for m in ours) == ["ClusterRole", "ClusterRoleBinding"]  # no Role in a namespace
+    """The chart's launcher ClusterRole, binding, Role and RoleBinding for a release in `k8s_namespace` with
+    trainingNamespaces [k8s_namespace], created on the API server; yields (fullname, manifests, token, the name of a
+    namespace a test may create after the install: deleted afterwards)."""
+    fullname, later = f"th-{uuid.uuid4().hex[:8]}", f"later-{uuid.uuid4().hex[:8]}"
+    manifests = render_chart({"fullnameOverride": fullname, "trainingNamespaces": [k8s_namespace]}, k8s_namespace)
+    ours = launcher_objects(manifests)
+    # ConfigMap rights only in the training namespace: a Role there, never a ClusterRole on ConfigMaps.
+    assert sorted((m["kind"], m["metadata"].get("namespace")) for m in ours) == [
+        ("ClusterRole", None), ("ClusterRoleBinding", None), ("Role", k8s_namespace), ("RoleBinding", k8s_namespace)]
+    assert find(ours, "ClusterRole")["rules"] == [{"apiGroups": ["rbac.authorization.k8s.io"],
+                                                   "resources": ["clusterroles"],
+                                                   "resourceNames": [f"{fullname}-launcher"], "verbs": ["get"]}]
+    account = find(manifests, "ServiceAccount", fullname)
     with control_plane.api_client() as admin_client:
         admin, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
-        admin.create_namespaced_service_account(k8s_namespace, find(manifests, "ServiceAccount"))
+        admin.create_namespaced_service_account(k8s_namespace, account)
         rbac.create_cluster_role(find(ours, "ClusterRole"))
         rbac.create_cluster_role_binding(find(ours, "ClusterRoleBinding"))
-        token = wait_for_service_account_token(admin_client, k8s_namespace,
-                                               find(manifests, "ServiceAccount")["metadata"]["name"])
+        create_launcher_roles(rbac, manifests, [k8s_namespace])
+        token = wait_for_service_account_token(admin_client, k8s_namespace, account["metadata"]["name"])
         try:
-            yield manifests, token, missing
+            yield fullname, manifests, token, later
         finally:
             for delete, name in [(rbac.delete_cluster_role_binding, f"{fullname}-launcher"),
                                  (rbac.delete_cluster_role, f"{fullname}-launcher"),
-                                 (admin.delete_namespace, missing)]:
+                                 (admin.delete_namespace, later)]:
                 try:
                     delete(name)
                 except ApiException as e:
@@ -66,16 +90,15 @@ def webhook_keeper(control_plane, token, namespaces, manifests, said, shim=None)
 
 def test_the_webhook_keeps_an_immutable_owned_configmap_and_replaces_an_impostor(control_plane, k8s_namespace,
                                                                                  launcher_rbac):
-    manifests, token, missing = launcher_rbac
+    _, manifests, token, _ = launcher_rbac
     said: list[str] = []
-    keeper = webhook_keeper(control_plane, token, [k8s_namespace, missing], manifests, said)
+    keeper = webhook_keeper(control_plane, token, [k8s_namespace], manifests, said)
     name = keeper.name
     assert name == lcm.configmap_name(*lcm.content())  # named by the content's hash
     with control_plane.api_client() as admin_client:
         admin, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
-        # A namespace of trainingNamespaces that does not exist yet: named, left to the init container.
         assert keeper.round() == frozenset({k8s_namespace})
-        assert len(said) == 1 and missing in said[0] and "404" in said[0] and "init container" in said[0]
+        assert said == []
 
         stored = admin.read_namespaced_config_map(name, k8s_namespace)
         assert stored.immutable is True
@@ -114,15 +137,42 @@ def test_the_webhook_keeps_an_immutable_owned_configmap_and_replaces_an_impostor
         assert keeper.round() == {k8s_namespace}
         assert admin.read_namespaced_config_map(name, k8s_namespace).immutable is True
 
-        # The namespace is created after the install: served at the next round.
-        admin.create_namespace({"metadata": {"name": missing}})
-        assert keeper.round() == {k8s_namespace, missing}
-        assert admin.read_namespaced_config_map(name, missing).immutable is True
+
+def test_a_namespace_created_after_the_install_is_served_once_an_upgrade_lists_it(control_plane, k8s_namespace,
+                                                                                  launcher_rbac):
+    """docs/operate/helm.md: each of trainingNamespaces must exist at install; one created later is added with
+    `helm upgrade`, which creates its Role, and the upgraded webhook writes the ConfigMap there."""
+    fullname, _, token, later = launcher_rbac
+    with control_plane.api_client() as admin_client:
+        admin, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
+        admin.create_namespace({"metadata": {"name": later}})
+        # Before the upgrade the webhook has no right there (no ClusterRole on ConfigMaps): a webhook told to keep it
+        # anyway is refused, names the fix, and leaves the namespace's pods to the init container.
+        upgraded = render_chart({"fullnameOverride": fullname, "trainingNamespaces": [k8s_namespace, later]},
+                                k8s_namespace)
+        said: list[str] = []
+        keeper = webhook_keeper(control_plane, token, [k8s_namespace, later], upgraded, said)
+        assert keeper.round() == frozenset({k8s_namespace})
+        assert len(said) == 1 and later in said[0] and "403" in said[0] and "init container" in said[0], said
+        assert "trainingNamespaces" in said[0]
+        assert not [c for c in admin.list_namespaced_config_map(later).items if c.metadata.name.startswith(lcm.PREFIX)]
+
+        # The upgrade (trainingNamespaces now lists it) creates its Role and RoleBinding: served at the next round,
+        # once the authorizer has seen them.
+        create_launcher_roles(rbac, upgraded, [later])
+        wait_for(f"the webhook to keep the launcher ConfigMap in {later}",
+                 lambda: keeper.round() == {k8s_namespace, later}, timeout=30, interval=0.5)
+        stored = admin.read_namespaced_config_map(keeper.name, later)
+        assert stored.immutable is True
+        assert base64.b64decode(stored.binary_data["trainhook-launch"]) == deliver.entry_program()
+        [ref] = stored.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid) == ("ClusterRole", keeper.owner,
+                                                 rbac.read_cluster_role(keeper.owner).metadata.uid)
 
 
 def test_old_versions_go_once_no_pod_mounts_them_and_helm_uninstall_leaves_none(control_plane, k8s_namespace,
                                                                                launcher_rbac):
-    manifests, token, _ = launcher_rbac
+    _, manifests, token, _ = launcher_rbac
     said: list[str] = []
     old = webhook_keeper(control_plane, token, [k8s_namespace], manifests, said, shim=deliver.SHIM + "# v1\n")
     new = webhook_keeper(control_plane, token, [k8s_namespace], manifests, said)

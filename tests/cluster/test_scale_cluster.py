@@ -141,12 +141,12 @@ def test_the_charts_role_is_enough_for_the_watch_and_no_more(control_plane, k8s_
     manifests = render_chart({"fullnameOverride": fullname}, k8s_namespace)
     with control_plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
-        core.create_namespaced_service_account(k8s_namespace, find(manifests, "ServiceAccount"))
+        core.create_namespaced_service_account(k8s_namespace, find(manifests, "ServiceAccount", fullname))
         rbac.create_cluster_role(find(manifests, "ClusterRole", f"{fullname}-statefulsets"))
         rbac.create_cluster_role_binding(find(manifests, "ClusterRoleBinding", f"{fullname}-statefulsets"))
         try:
             token = wait_for_service_account_token(api, k8s_namespace,
-                                                   find(manifests, "ServiceAccount")["metadata"]["name"])
+                                                   find(manifests, "ServiceAccount", fullname)["metadata"]["name"])
             create(api, k8s_namespace, statefulset("ddp", 2))
             with control_plane.token_client(token) as as_webhook:
                 cache = StatefulSetCache()

@@ -1,7 +1,8 @@
 """The pre-delete check against a real API server (v1.20, with its controller-manager), run as the chart's Job runs it:
-the module as a process, with the chart's arguments and a token of the chart's ServiceAccount bound to the chart's
-notary ClusterRole only (issue 23 item 10). Without a kubelet, pods stay Pending: to the check, a gang that has not
-finished, which is what an uninstall must not strand."""
+the module as a process, with the chart's arguments and a token of the Job's own ServiceAccount
+`<fullname>-uninstall-check`, bound to its ClusterRole that may only list pods (issue 23 item 10, issue 31 item 2:
+never the webhook's ServiceAccount, which holds the notary's rights). Without a kubelet, pods stay Pending: to the
+check, a gang that has not finished, which is what an uninstall must not strand."""
 
 from __future__ import annotations
 
@@ -39,21 +40,29 @@ def control_plane(tmp_path_factory):
 
 @pytest.fixture
 def release(control_plane, k8s_namespace, tmp_path):
-    """A release namespace with the chart's ServiceAccount and notary ClusterRole; yields a function running the
-    chart's check Job command (with `values`) as that ServiceAccount: (exit code, output)."""
+    """A release namespace with the chart's uninstall-check ServiceAccount, ClusterRole and binding (as rendered:
+    nothing of the webhook's); yields a function running the chart's check Job command (with `values`) as that
+    ServiceAccount: (exit code, output)."""
     fullname, release_ns = f"th-{uuid.uuid4().hex[:8]}", f"rel-{uuid.uuid4().hex[:8]}"
     with control_plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
         core.create_namespace({"metadata": {"name": release_ns}})
         manifests = render_chart({"fullnameOverride": fullname}, release_ns)
-        account = find(manifests, "ServiceAccount")
+        checker = f"{fullname}-uninstall-check"
+        account = find(manifests, "ServiceAccount", checker)
+        # The Job runs as this ServiceAccount, and its ClusterRole may list pods and nothing else.
+        assert find(manifests, "Job")["spec"]["template"]["spec"]["serviceAccountName"] == checker
+        role = find(manifests, "ClusterRole", checker)
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+        binding = find(manifests, "ClusterRoleBinding", checker)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": checker, "namespace": release_ns}]
         core.create_namespaced_service_account(release_ns, account)
-        rbac.create_cluster_role(find(manifests, "ClusterRole", f"{fullname}-notary"))
-        rbac.create_cluster_role_binding(find(manifests, "ClusterRoleBinding", f"{fullname}-notary"))
+        rbac.create_cluster_role(role)
+        rbac.create_cluster_role_binding(binding)
         token = wait_for_service_account_token(api, release_ns, account["metadata"]["name"])
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(json.dumps(cluster.kubeconfig_dict(control_plane.host, control_plane.ca_pem,
-                                                                 "webhook", token=token)))
+                                                                 "uninstall-check", token=token)))
 
         def check(values: dict | None = None) -> tuple[int, str]:
             job = find(render_chart({"fullnameOverride": fullname, **(values or {})}, release_ns), "Job")
@@ -65,10 +74,10 @@ def release(control_plane, k8s_namespace, tmp_path):
             return done.returncode, done.stdout + done.stderr
 
         try:
-            yield {"check": check, "namespace": release_ns, "fullname": fullname, "api": api}
+            yield {"check": check, "namespace": release_ns, "fullname": fullname, "checker": checker, "api": api}
         finally:
-            rbac.delete_cluster_role_binding(f"{fullname}-notary")
-            rbac.delete_cluster_role(f"{fullname}-notary")
+            rbac.delete_cluster_role_binding(checker)
+            rbac.delete_cluster_role(checker)
             core.delete_namespace(release_ns)
 
 
@@ -110,7 +119,7 @@ def test_running_gangs_refuse_the_uninstall_naming_them_and_the_fix(release, k8s
 
 
 def test_a_check_that_cannot_list_pods_refuses_rather_than_uninstall_blind(release):
-    client.RbacAuthorizationV1Api(release["api"]).delete_cluster_role_binding(f"{release['fullname']}-notary")
+    client.RbacAuthorizationV1Api(release["api"]).delete_cluster_role_binding(release["checker"])
 
     def refused():
         result = release["check"]()
@@ -121,4 +130,4 @@ def test_a_check_that_cannot_list_pods_refuses_rather_than_uninstall_blind(relea
     assert "--no-hooks" in out
     client.RbacAuthorizationV1Api(release["api"]).create_cluster_role_binding(find(
         render_chart({"fullnameOverride": release["fullname"]}, release["namespace"]), "ClusterRoleBinding",
-        f"{release['fullname']}-notary"))  # the fixture deletes it again
+        release["checker"]))  # the fixture deletes it again

@@ -1,8 +1,9 @@
 """The release's whole life on the node (issue 23 items 4, 5, 9, 10): install, gang, upgrade, uninstall, reinstall.
 
-- `helm install` with a training namespace that does not exist yet succeeds; once the namespace is created, the
-  webhook writes its launcher ConfigMap there within its round (a minute): immutable, owned by the ClusterRole
-  `<fullname>-launcher`, and a gang there starts without an init container.
+- `helm install` naming a training namespace created just before it (each of trainingNamespaces must exist at
+  install: the webhook's ConfigMap rights are a Role in each, docs/operate/helm.md) succeeds and renders that Role
+  there; the webhook writes its launcher ConfigMap there within its round (a minute): immutable, owned by the
+  ClusterRole `<fullname>-launcher`, and a gang there starts without an init container.
 - Both replicas log `gang key loaded` with the fingerprint of the key in the Secret; no webhook pod mounts a CA
   key; `helm upgrade` (new pods) keeps the fingerprint.
 - `helm uninstall` while a gang runs is refused by the pre-delete check (uninstallCheck: refuse), naming the gang
@@ -142,11 +143,14 @@ def running_gang_pods(node) -> list[str]:
 
 
 def whats_left(node, training_namespaces: list[str]) -> dict:
-    """What of the release exists now: its labeled objects, the TLS Secret, launcher ConfigMaps, other Secrets."""
+    """What of the release exists now: its labeled objects (the launcher's Roles in the training namespaces too),
+    the TLS Secret, launcher ConfigMaps, other Secrets."""
     selector = f"app.kubernetes.io/instance={RELEASE}"
     left = {"objects": [f"{o['kind']}/{o['metadata']['name']}" for o in
                         get(node, RELEASE_KINDS, "-n", RELEASE_NAMESPACE, "-l", selector)["items"] +
-                        get(node, CLUSTER_KINDS, "-l", selector)["items"]],
+                        get(node, CLUSTER_KINDS, "-l", selector)["items"] +
+                        [o for ns in training_namespaces
+                         for o in get(node, "roles,rolebindings", "-n", ns, "-l", selector)["items"]]],
             "configmaps": [f"{c['metadata']['namespace']}/{c['metadata']['name']}" for ns in training_namespaces
                            for c in launcher_configmaps(node, ns)]}
     secrets = get(node, "secrets", "-n", RELEASE_NAMESPACE)["items"]
@@ -168,10 +172,13 @@ def test_install_gang_upgrade_uninstall_and_reinstall(node, release):
         wait_for(lambda: not get(node, "secrets", "-n", RELEASE_NAMESPACE, "--field-selector",
                                  f"metadata.name={TLS_SECRET}")["items"], 90, "the session's TLS Secret to go")
 
-        # Install naming a namespace that does not exist yet.
+        # Install naming a namespace created just before (it must exist at install: the webhook's Role goes there).
+        node.kubectl("create", "namespace", later)
         install(node, "install", *values)
         print(f"install: {time.monotonic() - t0:.0f}s")
-        node.kubectl("create", "namespace", later)
+        configmap_rule = get(node, "role", LAUNCHER_OWNER, "-n", later)["rules"][0]
+        assert (configmap_rule["resources"], configmap_rule["verbs"]) == (
+            ["configmaps"], ["create", "get", "list", "delete"]), configmap_rule
         wait_for(lambda: get(node, "serviceaccount", "default", "-n", later).get("secrets"), 30, "its token")
         (configmap,) = wait_for(lambda: launcher_configmaps(node, later), 90,
                                 f"the launcher ConfigMap in the new namespace {later}", interval=2)
