@@ -27,13 +27,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 
-from cluster_api import (NOTARY_GANG_KEY, cluster, register_webhook, unregister_webhook,
+from cluster_api import (cluster, register_webhook, start_notary, unregister_webhook,
                          wait_for_service_account_token)
 from trainhook.gang import keys
-from webhook_process import free_port, start_webhook
 
 
 @pytest.fixture(scope="session")
@@ -76,16 +76,23 @@ def wait_until_mutating(api, timeout: float = 30) -> None:
     raise TimeoutError("the trainhook webhook configuration did not take effect")
 
 
+@contextmanager
+def registered(control_plane, hook):
+    """`hook` registered as the mutating webhook (cluster_api.register_webhook), in force, until the block ends."""
+    with control_plane.api_client() as api:
+        register_webhook(api, hook.ca_file.read_bytes(), hook.url + "/mutate")
+        wait_until_mutating(api)
+        try:
+            yield hook
+        finally:
+            unregister_webhook(api)
+
+
 @pytest.fixture(scope="module")
 def mutating_webhook(control_plane, webhook):
     """The real webhook server (tests/conftest.py) registered with the control plane for this module."""
-    with control_plane.api_client() as api:
-        register_webhook(api, webhook.ca_file.read_bytes(), webhook.url + "/mutate")
-        wait_until_mutating(api)
-        try:
-            yield webhook
-        finally:
-            unregister_webhook(api)
+    with registered(control_plane, webhook):
+        yield webhook
 
 
 @pytest.fixture(scope="module")
@@ -95,21 +102,11 @@ def notary(gang_webhook):
 
 @pytest.fixture(scope="module")
 def gang_webhook(control_plane, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("notary")
-    key_file = workdir / "gang.key"
-    key_file.write_bytes(NOTARY_GANG_KEY)
-    port = free_port()
-    hook = start_webhook(workdir, env=control_plane.env(), extra_args=[
-        "--notary-authority", "cluster", "--notary-port", str(port), "--notary-url", f"https://127.0.0.1:{port}",
-        "--gang-key-file", str(key_file)])
-    hook.notary_url = f"https://127.0.0.1:{port}"
+    hook = start_notary(control_plane, tmp_path_factory.mktemp("notary"))
     # It is the mutating webhook too, as the chart's Deployment is: gang pods are admitted and stamped with the
     # gang key their notary verifies (webhook/admission/provenance.py).
-    with control_plane.api_client() as api:
-        register_webhook(api, hook.ca_file.read_bytes(), hook.url + "/mutate")
-        wait_until_mutating(api)
-        try:
+    try:
+        with registered(control_plane, hook):
             yield hook
-        finally:
-            unregister_webhook(api)
-            hook.stop()
+    finally:
+        hook.stop()

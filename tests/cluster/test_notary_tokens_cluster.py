@@ -23,10 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from kubernetes import client
 
-from cluster_api import NOTARY_GANG_KEY
+from cluster_api import start_notary
 from helpers import wait_for
 from test_notary_cluster import call, create_gang, expected_key, pod_token
-from webhook_process import free_port, start_webhook
 
 FLOOD = 10_000
 
@@ -156,14 +155,7 @@ def test_ten_thousand_forged_tokens_make_no_api_call(notary, control_plane, k8s_
 @pytest.fixture(scope="module")
 def reviewing_notary(control_plane, tmp_path_factory):
     """The notary as a cluster without issuer discovery runs it: every token checked by a TokenReview."""
-    workdir = tmp_path_factory.mktemp("reviewing-notary")
-    key_file = workdir / "gang.key"
-    key_file.write_bytes(NOTARY_GANG_KEY)
-    port = free_port()
-    hook = start_webhook(workdir, env=control_plane.env(), extra_args=[
-        "--notary-authority", "cluster", "--notary-port", str(port), "--notary-url", f"https://127.0.0.1:{port}",
-        "--gang-key-file", str(key_file), "--notary-tokens", "review"])
-    hook.notary_url = f"https://127.0.0.1:{port}"
+    hook = start_notary(control_plane, tmp_path_factory.mktemp("reviewing-notary"), "--notary-tokens", "review")
     yield hook
     hook.stop()
 

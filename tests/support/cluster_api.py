@@ -132,3 +132,19 @@ def unregister_webhook(api_client) -> None:
     except ApiException as e:
         if e.status != 404:
             raise
+
+
+def start_notary(control_plane, workdir: Path, *extra_args: str):
+    """The webhook's console script as the chart's Deployment runs it with the notary: `--notary-authority
+    cluster`, the gang key NOTARY_GANG_KEY, its notary on a free port (`.notary_url` set on the returned process)."""
+    from webhook_process import free_port, start_webhook
+
+    key_file = workdir / "gang.key"
+    key_file.write_bytes(NOTARY_GANG_KEY)
+    port = free_port()
+    hook = start_webhook(workdir, env=control_plane.env(), extra_args=[
+        "--notary-authority", "cluster", "--notary-port", str(port), "--notary-url", f"https://127.0.0.1:{port}",
+        "--gang-key-file", str(key_file), *extra_args])
+    hook.notary_url = f"https://127.0.0.1:{port}"
+    return hook
+
