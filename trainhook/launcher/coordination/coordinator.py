@@ -30,7 +30,7 @@ from trainhook.launcher.wire import set_keepalive
 from trainhook.launcher.coordination.report import Report
 from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
 from trainhook.launcher.outcome import Outcome
-from trainhook.launcher.coordination.pending import WATCH_INTERVAL, PendingConnections
+from trainhook.launcher.coordination.pending import MAX_PENDING, WATCH_INTERVAL, PendingConnections
 from trainhook.launcher.policy import GangPolicy
 from trainhook.launcher.reach import listen
 from trainhook.launcher.speak import speaker
@@ -79,7 +79,8 @@ class Coordinator:
         self.server: socket.socket | None = None
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = socket.socketpair()
-        self.pending = PendingConnections(self.say)
+        # a whole gang connecting at once is unauthenticated for a moment: strangers get MAX_PENDING beyond it
+        self.pending = PendingConnections(self.say, limit=MAX_PENDING + gang.size)
         self.thread: threading.Thread | None = None
         self.accept_paused_until = 0.0
 

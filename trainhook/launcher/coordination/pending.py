@@ -8,9 +8,10 @@ and its buffer, so here:
 
 - HANDSHAKE_DEADLINE bounds the whole handshake (greeting, nonce, signed join) from accept, not each read: `expire`,
   called by the loop every WATCH_INTERVAL, shuts the late sockets down, and the loop closes them on their EOF;
-- at most MAX_PENDING connections are unauthenticated at once; one more evicts the oldest. A real member needs one
-  round trip, but 10,000 members that connect at once are all pending for a moment: 2,048 bounds what strangers can
-  hold (sockets, not threads) while a gang of 10,000 is not made to retry (issue 32's bench/gang_scale_sim.py);
+- at most the gang's size + MAX_PENDING connections are unauthenticated at once (coordinator.py); one more evicts
+  the oldest. A real member needs one round trip, but a whole gang that connects at once is pending for a moment
+  (10,000 members: a fixed 2,048 evicted real members, who then retried; bench/coordinator_scale.py), so strangers
+  get 2,048 sockets beyond the gang's own, and no threads;
 - refusals are logged at most LOG_BURST per LOG_INTERVAL, the rest counted in one line when it ends.
 """
 
