@@ -131,11 +131,19 @@ def test_a_gang_beyond_the_size_limit_is_refused_before_its_members_are_listed(k
     assert expected in denial(kind, obj)
 
 
-def test_a_gang_at_the_size_limit_is_admitted_with_every_member_in_tf_config():
+def test_a_tf_config_gang_at_its_size_limit_is_admitted_with_every_member_and_one_more_is_refused():
+    """TF_CONFIG lists every member in every pod (O(N^2) per gang): 1,000 members is the limit (issue 32), admitted
+    with the whole list; one more is refused naming the reason. Other frameworks keep the shape's 10,000."""
     import json
-    pod = bare_pod("tf-worker-0", {"trainhook.dev/framework": "tensorflow", "trainhook.dev/role": "worker",
-                                   "trainhook.dev/job-name": "tf", "trainhook.dev/index": "0"},
-                   {"trainhook.dev/replicas": "chief=1,worker=9999"})
-    env = mutate("Pod", "CREATE", pod, "team-a", SETTINGS).obj["spec"]["containers"][0]["env"]
+
+    def tf_pod(workers: int) -> dict:
+        return bare_pod("tf-worker-0", {"trainhook.dev/framework": "tensorflow", "trainhook.dev/role": "worker",
+                                        "trainhook.dev/job-name": "tf", "trainhook.dev/index": "0"},
+                        {"trainhook.dev/replicas": f"chief=1,worker={workers}"})
+    env = mutate("Pod", "CREATE", tf_pod(999), "team-a", SETTINGS).obj["spec"]["containers"][0]["env"]
     config = json.loads(next(e["value"] for e in env if e["name"] == "TF_CONFIG"))
-    assert len(config["cluster"]["worker"]) == 9999 and config["cluster"]["worker"][-1] == "tf-worker-9998.tf:2222"
+    assert len(config["cluster"]["worker"]) == 999 and config["cluster"]["worker"][-1] == "tf-worker-998.tf:2222"
+    assert "trainhook refuses TF_CONFIG gangs above 1000 members" in denial("Pod", tf_pod(1000))
+    pytorch = bare_pod("pt-0", {"trainhook.dev/job-name": "pt", "trainhook.dev/index": "0"},
+                       {"trainhook.dev/replicas": "worker=10000"})
+    assert mutate("Pod", "CREATE", pytorch, "team-a", SETTINGS).obj["spec"]["containers"][0]["env"]

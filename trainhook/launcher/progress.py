@@ -50,7 +50,7 @@ MAX_NUMBER = 1e15  # steps, epochs, seconds: so a label value (63 characters) al
 say = speaker("run")  # a part of `run`: its lines say "progress"
 
 
-def _number(name: str, value: object) -> float:
+def _report_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name}={str(value)[:40]!r}: a finite number is required")
     if abs(value) >= MAX_NUMBER:
@@ -84,7 +84,7 @@ def normalize(raw: object, time_text: str = "") -> Dict[str, object]:
     for name, value in raw.items():
         field = KNOWN.get(name)
         if field is not None:
-            number = _number(name, value)
+            number = _report_number(name, value)
             if number < 0:
                 raise ValueError(f"{name}={value!r}: a number from 0 is required")
             out[field] = int(number) if field in INTEGERS else number

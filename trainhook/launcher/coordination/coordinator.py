@@ -41,7 +41,7 @@ OUT_LIMIT = 4 << 20  # bytes queued for one member before its connection is drop
 say = speaker("coordinator")
 
 
-class Connection:
+class MemberConnection:
     """One socket and where its conversation is: the greeting (no rank yet), the signed join (a nonce sent), or a
     member's (`id` > 0)."""
 
@@ -72,7 +72,7 @@ class Coordinator:
         self.state = CoordinatorState(gang, policy, clock())
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
-        self.members: dict[int, Connection] = {}  # connection id -> an authenticated member's connection
+        self.members: dict[int, MemberConnection] = {}  # connection id -> an authenticated member's connection
         self.sendq: deque = deque()  # (connection id, body) decided, not yet signed and queued (lock held)
         self.next_id = 1
         self.stopping = threading.Event()
@@ -155,7 +155,7 @@ class Coordinator:
                 return
             batch, self.sendq = self.sendq, deque()
         texts: dict[int, str] = {}  # id(body) -> its canonical JSON (every body stays alive in `batch`)
-        touched: dict[int, Connection] = {}
+        touched: dict[int, MemberConnection] = {}
         for connection, body in batch:
             conn = self.members.get(connection)
             if conn is None or conn.closed:
@@ -168,7 +168,7 @@ class Coordinator:
         for conn in touched.values():
             self._write(conn)
 
-    def _signed(self, conn: Connection, canonical_body: str) -> bytes:
+    def _signed(self, conn: MemberConnection, canonical_body: str) -> bytes:
         """The signed line of wire.Channel.send, from the body's canonical JSON: {"body","mac","seq"} sorted."""
         text = "|".join((wire.PROTOCOL, wire.TO_MEMBER, conn.nonce, conn.member_nonce, str(conn.sent),
                          canonical_body))
@@ -177,14 +177,14 @@ class Coordinator:
         conn.sent += 1
         return line
 
-    def _queue(self, conn: Connection, data: bytes) -> None:
+    def _queue(self, conn: MemberConnection, data: bytes) -> None:
         conn.out += data
         if len(conn.out) > OUT_LIMIT:
             self.say(f"dropped the connection of {self.gang.peers[conn.rank]} from {conn.peer}: it read none of "
                      f"the last {len(conn.out)} bytes sent to it")
             self._drop(conn)
 
-    def _write(self, conn: Connection) -> None:
+    def _write(self, conn: MemberConnection) -> None:
         if conn.closed or not conn.out:
             return
         try:
@@ -241,7 +241,7 @@ class Coordinator:
         finally:
             self._shutdown()
 
-    def _serve(self, conn: Connection, mask: int) -> None:
+    def _serve(self, conn: MemberConnection, mask: int) -> None:
         """One connection's readiness. What fails unexpectedly costs that connection, never the loop: with one
         thread for the whole gang, an exception escaping here would silence the coordinator for every member."""
         try:
@@ -255,7 +255,7 @@ class Coordinator:
 
     def _shutdown(self) -> None:
         for key in list(self.selector.get_map().values()):
-            if isinstance(key.data, Connection):
+            if isinstance(key.data, MemberConnection):
                 key.data.closed = True
             try:
                 key.fileobj.close()  # type: ignore[union-attr]
@@ -285,11 +285,11 @@ class Coordinator:
             if peer.startswith("::ffff:"):  # an IPv4 peer of the dual-stack socket, as people write it
                 peer = peer[len("::ffff:"):]
             sock.setblocking(False)
-            conn = Connection(sock, peer)
+            conn = MemberConnection(sock, peer)
             self.selector.register(sock, selectors.EVENT_READ, conn)
             self.pending.add(sock)
 
-    def _read(self, conn: Connection) -> None:
+    def _read(self, conn: MemberConnection) -> None:
         try:
             chunk = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -315,7 +315,7 @@ class Coordinator:
         except ValueError as e:
             self._reject(conn, f"bad report: {e}")
 
-    def _reject(self, conn: Connection, why: str) -> None:
+    def _reject(self, conn: MemberConnection, why: str) -> None:
         if conn.id:
             self.say(f"refused a message on the connection of {self.gang.peers[conn.rank]} from {conn.peer}: {why}")
         else:
@@ -326,7 +326,7 @@ class Coordinator:
                 pass
         self._drop(conn)
 
-    def _line(self, conn: Connection, line: bytes) -> None:
+    def _line(self, conn: MemberConnection, line: bytes) -> None:
         """One line of a connection: its greeting, its signed join, or a member's signed message."""
         if conn.rank < 0:
             rank, conn.member_nonce = wire.check_member_greeting(wire.json_object(line), self.gang.namespace,
@@ -364,7 +364,7 @@ class Coordinator:
             self.state.reported(conn.rank, conn.id, report)
             self._flush()
 
-    def _verified(self, conn: Connection, line: bytes) -> dict:
+    def _verified(self, conn: MemberConnection, line: bytes) -> dict:
         """The body of a member's signed line, checked as wire.Channel.receive checks it."""
         message = wire.json_object(line)
         if message is None:
@@ -380,7 +380,7 @@ class Coordinator:
         conn.received += 1
         return body
 
-    def _drop(self, conn: Connection) -> None:
+    def _drop(self, conn: MemberConnection) -> None:
         """Close a connection; a member's is lost to the gang (coordinator_rules decides what that means)."""
         if conn.closed:
             return

@@ -23,7 +23,7 @@ frames too (gang_transport.FrameSigner), so a frame injected, replayed, reordere
 The key never crosses the network; the session key is valid on one connection only.
 
 A worker that has no key (no notary answered yet, or none is named) refuses every launcher, saying so, and keeps
-asking the notary in the background (worker.GangKey): an empty key is one anybody holds.
+asking the notary in the background (worker.KeyFromNotary): an empty key is one anybody holds.
 
 Wire format: one JSON object per line.
   worker -> launcher  {"protocol": "trainhook-mpi/2", "challenge": C1}
@@ -107,7 +107,7 @@ def gang_token(env: Mapping[str, str]) -> bytes:
         return b""
 
 
-def canonical(message: dict) -> str:
+def proven_part(message: dict) -> str:
     """What a proof covers: the message as sorted compact JSON, without its proof."""
     return json.dumps({k: v for k, v in message.items() if k != "proof"}, sort_keys=True, separators=(",", ":"))
 
@@ -115,7 +115,7 @@ def canonical(message: dict) -> str:
 def proof(token: bytes, role: str, challenge: str, message: dict) -> str:
     """HMAC of the whole message (every field but the proof) under the peer's fresh challenge: a relay that changes
     any field (the command, the agent's path, the slots) or replays a message on another connection is refused."""
-    text = "|".join((PROTOCOL, role, challenge, canonical(message)))
+    text = "|".join((PROTOCOL, role, challenge, proven_part(message)))
     return hmac.new(token, text.encode(), hashlib.sha256).hexdigest()
 
 

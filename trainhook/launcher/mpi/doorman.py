@@ -16,7 +16,7 @@ transport (mpi_spawn runs their command). What a hostile client can do is bounde
 
 A worker without a key (the notary has not answered it yet, or none is named) accepts no launcher and spawns
 nothing: an empty key is one anybody holds (issue 31). It says so to each launcher, which asks again, while
-worker.GangKey keeps asking the notary; the first launcher after the key arrives is served.
+worker.KeyFromNotary keeps asking the notary; the first launcher after the key arrives is served.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Doorman:
 
     def __init__(self, gang: GangView, slots: int, token: bytes | Callable[[], bytes], say: Callable[[str], None],
                  children: Children | None = None, env: Mapping[str, str] | None = None):
-        """`token`: the gang's key, or what returns it once the notary has answered (worker.GangKey.get; b"" until
+        """`token`: the gang's key, or what returns it once the notary has answered (worker.KeyFromNotary.get; b"" until
         then)."""
         self.gang, self.slots, self.say = gang, slots, say
         self.key_of: Callable[[], bytes] = token if callable(token) else (lambda: token)

@@ -50,7 +50,7 @@ ASK_WINDOW = 30.0  # one round of gang_key's own jittered asking (0.2-2 s apart)
 ASK_PAUSE_MAX = 30.0  # ... then a pause growing from 1 s to this before the next round
 
 
-class GangKey:
+class KeyFromNotary:
     """A worker's gang key, asked for in the background until the notary gives it (issue 31): the worker listens
     at once, refuses every launcher while it has none (NO_KEY, which the launcher retries), and never falls back
     to an empty key. `ask` is how one round asks (notary_client.gang_key by default)."""
@@ -61,7 +61,7 @@ class GangKey:
         self.key, self.why = b"", "not asked yet"
         self.done = threading.Event()
 
-    def start(self) -> GangKey:
+    def start(self) -> KeyFromNotary:
         threading.Thread(target=self._run, daemon=True, name="trainhook-gang-key").start()
         return self
 
@@ -171,7 +171,7 @@ def serve(gang: GangView, env: Mapping[str, str], command: Sequence[str] = ()) -
     children = Children()
     pid1 = children.reaps_all = os.getpid() == 1
     service = Service(command, children)
-    doorman = Doorman(gang, slots, GangKey(env, say).start().get, say, children, env)
+    doorman = Doorman(gang, slots, KeyFromNotary(env, say).start().get, say, children, env)
     launcher: control.LineSocket | None = None
     deadline = time.monotonic() + gang.wait_timeout
     say(f"{gang.me} waiting for the launcher on port {port} ({slots} slot{'s' if slots != 1 else ''})")

@@ -267,7 +267,7 @@ class Gathering:
         if time.monotonic() - asked < LOOKUP_EVERY:
             return False
         try:
-            addresses = addresses_of(qualified(self.gang.peers[rank].address, self.domain))
+            addresses = peer_addresses(qualified(self.gang.peers[rank].address, self.domain))
         except (OSError, UnicodeError):
             addresses = set()
         self.known[rank] = (addresses, time.monotonic())
@@ -308,7 +308,7 @@ class Gathering:
         return not self.missing()
 
 
-def addresses_of(name: str) -> set[str]:
+def peer_addresses(name: str) -> set[str]:
     return {plain_ip(str(info[4][0])) for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
 
 
