@@ -152,3 +152,36 @@ def test_the_zip_does_not_depend_on_what_the_building_process_interned():
     plain, interned = (subprocess.run([sys.executable, "-c", build.format(first)], capture_output=True, text=True,
                                       check=True).stdout for first in ("", "[sys.intern(chr(i)) for i in range(256)]; "))
     assert plain == interned
+
+
+
+def test_the_bytecode_has_no_docstrings_but_keeps_its_line_numbers_and_asserts():
+    """Docstrings are left out of the bytecode only (a third of the zip): the source beside it keeps them, and the
+    code keeps its line numbers (a traceback shows the right line) and its asserts."""
+    import ast
+    import dis
+    import marshal
+
+    def code_objects(code, prefix=""):
+        found = {prefix + code.co_name: code}
+        for const in code.co_consts:
+            if hasattr(const, "co_name"):
+                found.update(code_objects(const, prefix + code.co_name + "."))
+        return found
+
+    name = "trainhook/launcher/coordination/member_run.py"
+    source = dict(deliver.in_pod_modules())[name].read_bytes()
+    with zipfile.ZipFile(io.BytesIO(ZIP)) as archive:
+        assert archive.read(name) == source
+        ours = code_objects(marshal.loads(archive.read(name + "c")[16:]))
+    theirs = code_objects(compile(source, name, "exec", dont_inherit=True))
+    docstrings = {ast.get_docstring(node, clean=False) for node in ast.walk(ast.parse(source))
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))} - {None}
+    assert len(docstrings) > 5 and len(ours) > 10 and ours.keys() == theirs.keys()
+    for qualified, code in ours.items():
+        assert not docstrings & {c for c in code.co_consts if isinstance(c, str)}, qualified
+        assert code.co_firstlineno == theirs[qualified].co_firstlineno, qualified
+    asserting = [q for q, code in theirs.items() if any(i.opname == "LOAD_ASSERTION_ERROR"
+                                                        for i in dis.get_instructions(code))]
+    assert asserting and all(any(i.opname == "LOAD_ASSERTION_ERROR" for i in dis.get_instructions(ours[q]))
+                             for q in asserting)

@@ -43,6 +43,7 @@ none of them.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
@@ -179,12 +180,27 @@ def in_pod_modules() -> list[tuple[str, Path]]:
 MARSHAL_VERSION = 2  # see bytecode(): the newest format whose bytes do not depend on the building process
 
 
+def without_docstrings(source: bytes) -> ast.Module:
+    """The module's syntax tree without its docstrings, for its bytecode only: they are a third of the zip, which
+    every pod's ConfigMap carries beside the entry program (1 MiB at most), and nothing reads them at run time. The
+    source beside the bytecode keeps them, and every line keeps its number, so a traceback still shows the code.
+    Asserts stay (compile's optimize=2 would drop them too)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                node.body[:1] = [] if len(node.body) > 1 else [ast.copy_location(ast.Pass(), first)]
+    return tree
+
+
 def bytecode(name: str, source: bytes) -> bytes:
     """The unchecked hash-based .pyc (PEP 552) of the zip's entry `name`, for this Python: its magic number,
     flags 1 (hash-based, not checked against the source), the source's hash, then the marshalled code. The same
     source gives the same bytes (tests/launcher/test_delivery_bytecode.py: in a fresh process too, so every webhook
     replica names the same ConfigMap)."""
-    code = compile(source, f"{keys.LAUNCHER_DIR}/{ZIP_NAME}/{name}", "exec", dont_inherit=True)
+    code = compile(without_docstrings(source), f"{keys.LAUNCHER_DIR}/{ZIP_NAME}/{name}", "exec", dont_inherit=True)
     # Marshal format 2: the current format (4) marks a string "interned" and "shared" by the state of this
     # process (a one-character string such as '?' is interned once any code in the process interned it), so a
     # webhook that had run for a while wrote other bytes than a fresh one, and another ConfigMap name. Format 2
