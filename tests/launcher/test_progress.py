@@ -170,5 +170,5 @@ def test_rank_0s_training_gets_the_file_in_its_environment_unless_it_named_one(t
         progress.stop(forwarder)
     mine = str(tmp_path / "mine.jsonl")
     assert progress.progress_file({keys.TH_PROGRESS_FILE: mine}) == mine
-    assert progress.interval_from({progress.TH_PROGRESS_INTERVAL: "30"}) == 30.0
-    assert progress.interval_from({progress.TH_PROGRESS_INTERVAL: "1"}) == MIN_INTERVAL
+    assert progress.interval_from({keys.TH_PROGRESS_INTERVAL: "30"}) == 30.0
+    assert progress.interval_from({keys.TH_PROGRESS_INTERVAL: "1"}) == MIN_INTERVAL

@@ -247,6 +247,8 @@ TH_RESTARTS = "TRAINHOOK_RESTARTS"
 # Given by rank 0's gang-aware launcher to its training command (launcher/progress.py): the file the training may
 # append JSON lines of progress and metrics to; the launcher forwards the latest through the notary.
 TH_PROGRESS_FILE = "TRAINHOOK_PROGRESS_FILE"
+# Seconds between two reports rank 0 forwards to the notary (launcher/progress.py; at least its MIN_INTERVAL).
+TH_PROGRESS_INTERVAL = "TRAINHOOK_PROGRESS_INTERVAL"
 
 # --- The notary (issue 22, docs/operate/security.md) ------------------------------------------------------------------
 # The pod's identity: a projected serviceAccountToken (audience IDENTITY_AUDIENCE) the webhook mounts read-only at

@@ -33,7 +33,6 @@ from trainhook.launcher.speak import speaker
 
 POLL = 1.0  # seconds between looks at the file
 DEFAULT_INTERVAL, MIN_INTERVAL = 10.0, 5.0  # seconds between forwards (the notary refuses faster: 429)
-TH_PROGRESS_INTERVAL = "TRAINHOOK_PROGRESS_INTERVAL"
 MAX_LINE = 4096  # bytes of one JSON line; a longer line is skipped
 MAX_READ = 256 * 1024  # bytes read per look; a file that grew more is read from its newest MAX_READ bytes
 MAX_METRICS = 16
@@ -302,9 +301,9 @@ def progress_file(env: Mapping[str, str]) -> str:
 
 def interval_from(env: Mapping[str, str]) -> float:
     try:
-        return max(MIN_INTERVAL, float(env.get(TH_PROGRESS_INTERVAL, "") or DEFAULT_INTERVAL))
+        return max(MIN_INTERVAL, float(env.get(keys.TH_PROGRESS_INTERVAL, "") or DEFAULT_INTERVAL))
     except ValueError:
-        say(f"{TH_PROGRESS_INTERVAL}={env.get(TH_PROGRESS_INTERVAL)!r} is not a number of seconds: using "
+        say(f"{keys.TH_PROGRESS_INTERVAL}={env.get(keys.TH_PROGRESS_INTERVAL)!r} is not a number of seconds: using "
             f"{DEFAULT_INTERVAL:g}")
         return DEFAULT_INTERVAL
 
