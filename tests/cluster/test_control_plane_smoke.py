@@ -102,8 +102,11 @@ def test_webhook_configuration_is_accepted_by_the_api_server(control_plane):
     with control_plane.api_client() as api:
         created = client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration(body, dry_run="All")
     assert [w.name for w in created.webhooks] == ["workloads.trainhook.dev", "services.trainhook.dev"]
-    # As the chart registers them (tests/chart/test_chart.py): pods at CREATE only, the workloads and Services at both.
+    # As the chart registers them (tests/chart/test_chart.py): pods at CREATE only, the workloads and Services at
+    # both, and the kinds that never make a gang at both, to be refused by name when labeled.
     operations = {rule.resources[0]: rule.operations for w in created.webhooks for rule in w.rules}
     assert operations == {"pods": ["CREATE"], "statefulsets": ["CREATE", "UPDATE"], "jobs": ["CREATE", "UPDATE"],
-                          "services": ["CREATE", "UPDATE"]}
+                          "services": ["CREATE", "UPDATE"], "deployments": ["CREATE", "UPDATE"],
+                          "replicasets": ["CREATE", "UPDATE"], "daemonsets": ["CREATE", "UPDATE"],
+                          "replicationcontrollers": ["CREATE", "UPDATE"]}
     assert all(w.failure_policy == "Fail" and w.side_effects == "None" for w in created.webhooks)

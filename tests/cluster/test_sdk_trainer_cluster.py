@@ -21,6 +21,8 @@ IMAGE = "registry.example/torch:1"
 VOLATILE_METADATA = ("uid", "resourceVersion", "creationTimestamp", "managedFields", "generation", "selfLink",
                      "ownerReferences", "generateName")
 VOLATILE_LABELS = ("controller-revision-hash",)
+# The webhook's stamp of which controller made a pod (an HMAC over its owner's uid, among others): differs with it.
+VOLATILE_ANNOTATIONS = ("trainhook.dev/provenance",)
 
 
 def train():
@@ -37,6 +39,8 @@ def comparable(obj: dict, name: str) -> dict:
         meta.pop(key, None)
     for key in VOLATILE_LABELS:
         (meta.get("labels") or {}).pop(key, None)
+    for key in VOLATILE_ANNOTATIONS:
+        (meta.get("annotations") or {}).pop(key, None)
     return json.loads(json.dumps(obj).replace(name, "NAME"))
 
 
