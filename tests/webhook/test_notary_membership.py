@@ -257,3 +257,32 @@ def test_a_multi_role_gang_spans_its_role_workloads_only():
         decide(extra, pick_anchor(extra, pods), master, other)
     assert refused.value.status == 403 and "StatefulSet/tf-extra, which is not a workload of gang" in \
         refused.value.reason
+
+
+def test_a_pod_whose_owner_or_gang_was_patched_after_admission_fails_its_provenance_stamp():
+    """The webhook stamps what it admitted (webhook/admission/provenance.py); the notary, given the key, refuses a
+    pod that says something else now (issue 31 item 1). Deterministic half of test_notary_cluster.py's attack."""
+    from trainhook.webhook.admission import provenance
+
+    key = b"k" * 32
+    sts, other = stamped("mine", 2), stamped("theirs", 2)
+    p = pod(sts, 1)
+    p["metadata"].setdefault("annotations", {})["trainhook.dev/provenance"] = provenance.stamp(key, NS, p)
+    assert place_of(identity(p), p, key).owner.name == "mine"
+    relabeled = copy.deepcopy(p)  # moved into another gang by a label patch
+    relabeled["metadata"]["labels"]["trainhook.dev/job-name"] = "theirs"
+    reowned = copy.deepcopy(p)  # its owner's uid swapped for another StatefulSet's of the same name
+    reowned["metadata"]["ownerReferences"][0]["uid"] = other["metadata"]["uid"]
+    unstamped = copy.deepcopy(p)  # made by someone else than its controller: the webhook stamped nothing
+    del unstamped["metadata"]["annotations"]["trainhook.dev/provenance"]
+    copied = pod(sts, 0)  # rank 1's stamp copied onto rank 0's pod
+    copied["metadata"].setdefault("annotations", {})["trainhook.dev/provenance"] = \
+        p["metadata"]["annotations"]["trainhook.dev/provenance"]
+    for current in (relabeled, reowned, unstamped, copied):
+        with pytest.raises(Refusal) as refused:
+            place_of(identity(current), current, key)
+        assert refused.value.status == 403 and "provenance stamp does not match" in refused.value.reason
+    anchor = pod(sts, 0)  # rank 0 without a stamp: no gang is anchored at it
+    with pytest.raises(Refusal) as refused:
+        decide(place_of(identity(p), p, key), anchor, sts, None, key)
+    assert "rank 0's pod mine-0 names StatefulSet/mine" in refused.value.reason
