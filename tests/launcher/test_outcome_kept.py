@@ -39,7 +39,11 @@ def test_an_outcome_is_recorded_after_the_notary_comes_back(tmp_path):
             assert launcher.poll() is None, "the coordinator keeps its outcome: it has not exited with it unrecorded"
             time.sleep(5)
             notary.server.start()  # back, on the same port and with the same CA
-            code = launcher.wait(timeout=90)
+            try:  # the next try comes within the growing delay (at most 30 s) after the notary is back
+                code = launcher.wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"not recorded 240 s after the notary came back:\n{log.read_text()}\n"
+                                     f"the notary:\n{notary.server.log_tail(40)}") from None
         finally:
             if launcher.poll() is None:
                 launcher.kill()
