@@ -148,7 +148,12 @@ def test_ten_thousand_forged_tokens_make_no_api_call(notary, control_plane, k8s_
     took = time.monotonic() - started
     after = {what: api_requests(api, *what) for what in before}
     assert statuses.count(401) == FLOOD, {s: statuses.count(s) for s in set(statuses)}
-    assert after == before, f"{FLOOD} forged tokens made API calls: {before} -> {after} ({took:.1f} s)"
+    # Counted at the API server for everyone: the controller-manager and other tests' watches share it (a fresh-clone
+    # CI run saw one pod GET from elsewhere in 12.5 s). A forged token used to cost a TokenReview and a pod GET each:
+    # none of the first, and not one GET per ten thousand tokens of the second, is "no API call" for the notary.
+    added = {what: after[what] - before[what] for what in before}
+    assert added[("tokenreviews", "POST")] == 0 and sum(added.values()) <= 3, \
+        f"{FLOOD} forged tokens made API calls: {before} -> {after} ({took:.1f} s)"
     assert call(notary, "POST", "/v1/credential", real, {}).status_code == 200  # members are still served
 
 

@@ -93,8 +93,14 @@ def test_train_makes_the_v1_gang_of_the_same_function(control_plane, k8s_namespa
 
         assert v2.delete_job(name) is None
         wait_for(lambda: not v1.cluster.gang(name).workloads, what="the gang's workloads to go")
-        with pytest.raises(RuntimeError, match=f"Failed to get TrainJob: {k8s_namespace}/{name}"):
-            v2.get_job(name)
+        def gone() -> str | None:  # its pods go after its workloads (the garbage collector): then get_job says so
+            try:
+                v2.get_job(name)
+            except RuntimeError as e:
+                return str(e)
+            return None
+        assert wait_for(gone, what="get_job to say the TrainJob is gone").startswith(
+            f"Failed to get TrainJob: {k8s_namespace}/{name}")
         with pytest.raises(RuntimeError, match=f"Failed to delete TrainJob: {k8s_namespace}/{name}"):
             v2.delete_job(name)
         v1.delete_job("v1gang")

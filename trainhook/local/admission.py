@@ -16,6 +16,7 @@ import base64
 import copy
 import json
 import os
+import secrets
 import socket
 import ssl
 import subprocess
@@ -30,6 +31,7 @@ from pathlib import Path
 import jsonpatch
 
 from trainhook.certs.build import CA_FILE, CERT_FILE, KEY_FILE, write_bundle
+from trainhook.launcher.files import write_atomically
 from trainhook.local.manifest import describe, type_of
 
 API_VERSION = "admission.k8s.io/v1"
@@ -202,8 +204,10 @@ class WebhookServer:
         """Start the process; a second start (after stop) serves the same ports with the same certificates, as a
         webhook pod that comes back behind its Service does (tests of an outage)."""
         certs = self.work_dir / "certs"
-        if self.proc is None:  # the first start: fresh certificates
+        key_file = self.work_dir / "gang.key"  # the run's gang key, as a cluster keeps it in a Secret
+        if self.proc is None:  # the first start: fresh certificates and key; a start again keeps both
             write_bundle(certs, ["127.0.0.1", "localhost", NOTARY_HOST])
+            write_atomically(key_file, secrets.token_hex(32).encode(), 0o600)
         self.port = self.port or free_port()
         argv = webhook_command() + ["--tls-cert", str(certs / CERT_FILE), "--tls-key", str(certs / KEY_FILE),
                                     "--host", "127.0.0.1", "--port", str(self.port)]
@@ -211,7 +215,7 @@ class WebhookServer:
             self.notary_port = self.notary_port or free_port()
             argv += ["--notary-authority", f"local:{self.notary_dir.resolve()}", "--notary-port",
                      str(self.notary_port), "--notary-url", self.notary_url.format(port=self.notary_port),
-                     "--notary-ca-file", str(certs / CA_FILE)]
+                     "--notary-ca-file", str(certs / CA_FILE), "--gang-key-file", str(key_file)]
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True)
