@@ -215,7 +215,9 @@ class WebhookServer:
             self.notary_port = self.notary_port or free_port()
             argv += ["--notary-authority", f"local:{self.notary_dir.resolve()}", "--notary-port",
                      str(self.notary_port), "--notary-url", self.notary_url.format(port=self.notary_port),
-                     "--notary-ca-file", str(certs / CA_FILE), "--gang-key-file", str(key_file)]
+                     "--notary-ca-file", str(certs / CA_FILE)]
+            if not self.env.get("TRAINHOOK_WEBHOOK_GANG_KEY"):  # a key given by the caller is kept as it is
+                argv += ["--gang-key-file", str(key_file)]
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True)
