@@ -226,10 +226,17 @@ def set_mpi_commands(templates: list[tuple[str, int, dict]], kind: KubeflowKind,
             if container.get("command"):
                 container["command"] = mpi_launch(container["command"])
             continue
-        own = (container.get("command") or []) + (container.get("args") or [])
-        if own[:2] != MPI_WORKER:
-            what = f"ran `{' '.join(own)}`" if own else "had no command (mpi-operator ran sshd)"
-            fields.warnings.append(f"{fields.where}: {path}: the workers {what}; they run `trainhook-launch "
-                                   f"mpi-worker` instead ({WORKERS_REACHED})")
-            container["command"] = list(MPI_WORKER)
-            container.pop("args", None)
+        run_mpi_worker(container, path, fields, "workers", "had no command (mpi-operator ran sshd)")
+
+
+def run_mpi_worker(container: dict, path: str, fields: Fields, who: str, nothing: str) -> list[str]:
+    """Make an MPI worker's container run `trainhook-launch mpi-worker` (mpirun's daemons start through it, not
+    sshd), saying what the `who` ran before (`nothing` when no command); returns that command and its args."""
+    own = (container.get("command") or []) + (container.get("args") or [])
+    if own[:2] != MPI_WORKER:
+        what = f"ran `{' '.join(own)}`" if own else nothing
+        fields.warnings.append(f"{fields.where}: {path}: the {who} {what}; they run `trainhook-launch mpi-worker` "
+                               f"instead ({WORKERS_REACHED})")
+        container["command"] = list(MPI_WORKER)
+        container.pop("args", None)
+    return own

@@ -27,11 +27,12 @@ from trainhook.convert.core import check_entrypoint_annotation
 from trainhook.convert.jobset import LAUNCHER, NODE, jobset_policies, runtime_jobs, skip_initializers, trainer_step
 from trainhook.convert.overrides import Override, apply_override, overrides_of
 from trainhook.convert.policies import KUBECTL_LAST_APPLIED, KUEUE_QUEUE_LABEL, MPI_IMPLEMENTATIONS, NO_SSH, \
-    SERVER_METADATA, WORKERS_REACHED, ConvertError, Converted, Fields, as_int, infer_scheduler, scheduling_of
+    SERVER_METADATA, WORKERS_REACHED, ConvertError, Converted, Fields, as_int, infer_scheduler, run_mpi_worker, \
+    scheduling_of
 from trainhook.convert.runtimes import TRAINER_API, TRAINER_GROUP, find_runtime, runtime_name
 from trainhook.gang import keys
 from trainhook.render.objects import ACTIVE_DEADLINE_SECONDS, Gang, RenderError, gang_objects
-from trainhook.render.options import MPI_WORKER, mpi_launch
+from trainhook.render.options import mpi_launch
 
 TRAINJOB_KIND = "TrainJob"
 TRAINJOB_MANAGER = "trainer.kubeflow.org/trainjob-controller"  # spec.managedBy's default: Trainer's own controller
@@ -126,13 +127,7 @@ def require_command(container: dict, template: dict, annotations: dict, entrypoi
 def worker_command(template: dict, path: str, fields: Fields) -> None:
     """An MPI worker runs `trainhook-launch mpi-worker` instead of the runtime's sshd (and no sshd probe)."""
     container = named_container(template, (NODE,)) or template["spec"]["containers"][0]
-    own = (container.get("command") or []) + (container.get("args") or [])
-    if own[:2] != MPI_WORKER:
-        shown = f"ran `{' '.join(own)}`" if own else "had no command"
-        fields.warnings.append(f"{fields.where}: {path}: the nodes {shown}; they run `trainhook-launch mpi-worker` "
-                               f"instead ({WORKERS_REACHED})")
-        container["command"] = list(MPI_WORKER)
-        container.pop("args", None)
+    own = run_mpi_worker(container, path, fields, "nodes", "had no command")
     if any(SSHD in word for word in own):
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             if probe in container:
