@@ -29,10 +29,8 @@ GPU_TOLERATION = {"key": keys.GPU_RESOURCE, "operator": "Exists", "effect": "NoS
 
 def controller_of(pod: dict) -> tuple[str, str]:
     """The (kind, name) of the pod's controlling owner, or ("", "") for a bare pod."""
-    for ref in pod.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return ref.get("kind", ""), ref.get("name", "")
-    return "", ""
+    owner = provenance.controller_ref(pod)
+    return (owner[0], owner[1]) if owner else ("", "")
 
 
 def locate(pod: dict, problems: Problems) -> tuple[str, str, int | None]:
