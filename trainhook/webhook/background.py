@@ -23,6 +23,7 @@ from trainhook.webhook.connections import app_runner, guard_app, serve_app
 from trainhook.webhook.notary.gang_key import GangKey
 from trainhook.webhook.handlers import LIFECYCLE, METRICS, SETTINGS, WORKLOADS
 from trainhook.webhook.notary.metrics import NotaryMetrics
+from trainhook.webhook.notary.sweep import Sweep
 from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client
 from trainhook.webhook.statefulset_cache import StatefulSetCache, start_background
 from trainhook.webhook.tlsreload import CertReloader
@@ -127,9 +128,14 @@ def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SS
     context, up and down with `app`; only with --notary-authority cluster or local:DIR."""
     if args.notary_authority == "none":
         return
-    notary_app = notary.create_app(notary.Notary(notary_settings.authority_from(args, api_client),
-                                                 lambda: app[SETTINGS].settings.gang_key,
-                                                 metrics=NotaryMetrics(app[METRICS].registry)))
+    authority = notary_settings.authority_from(args, api_client)
+    the_notary = notary.Notary(authority, lambda: app[SETTINGS].settings.gang_key,
+                               metrics=NotaryMetrics(app[METRICS].registry))
+    notary_app = notary.create_app(the_notary)
+    sweep = None  # gangs whose coordinator is gone, recorded by the notary (webhook/notary/sweep.py): a cluster's
+    if getattr(args, "notary_sweep_interval", 0) > 0 and hasattr(authority, "list_unrecorded_jobs"):
+        namespaces = tuple(n.strip() for n in getattr(args, "notary_namespaces", "").split(",") if n.strip())
+        sweep = Sweep(the_notary, authority, namespaces, args.notary_sweep_interval)  # type: ignore[arg-type]
     # Every pod may reach this port (the chart's NetworkPolicy opens it to all): the same connection cap, head
     # deadline and head bounds as the admission port (connections.py), not a bare TCPSite that idle clients fill.
     guard_app(notary_app)
@@ -139,7 +145,11 @@ def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SS
         await runner.setup()
         accepting, sock = serve_app(runner, args.host, args.notary_port, context)
         log.info("notary serving", extra={"host": args.host, "port": args.notary_port, "url": args.notary_url})
+        sweeping = asyncio.create_task(sweep.run()) if sweep is not None else None
         yield
+        if sweeping is not None:
+            sweeping.cancel()
+            await asyncio.gather(sweeping, return_exceptions=True)
         accepting.cancel()
         sock.close()
         await runner.cleanup()

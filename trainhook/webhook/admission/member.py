@@ -121,10 +121,14 @@ class Member:
         return [addr for role in self.shape.roles for addr in self.addresses(role)]
 
     @property
+    def rank0_role(self) -> str:
+        """The role of rank 0 (the gang's anchor: its workload is the one a record goes to first)."""
+        return next(role for role, count in self.shape.counts if count > 0)
+
+    @property
     def rank0_address(self) -> str:
         """Rank 0's address, without listing the gang (a 1024-pod gang costs what a 2-pod one does)."""
-        first_role = next(role for role, count in self.shape.counts if count > 0)
-        return self.address(first_role, 0)
+        return self.address(self.rank0_role, 0)
 
     def option(self, key: str, default: str = "") -> str:
         return self.options.get(key, default)

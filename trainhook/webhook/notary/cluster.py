@@ -1,13 +1,13 @@
 """The notary's authority in a cluster: TokenReview and the API server, with the webhook's own ServiceAccount.
 
-Every call is one the chart's notary ClusterRole grants, with its reason (docs/operate/security.md, "Every permission
-the chart grants"): tokenreviews create; pods get/list; statefulsets get/patch; statefulsets/scale patch; jobs
-get/patch; events create. The `kubernetes` client is blocking: each call runs on a thread of the authority's own
-pool (sized to the client's connection pool, so a gang's burst neither waits on the event loop's small default
-executor, shared with the webhook's other work, nor opens connections the pool then throws away), under a
-timeout. Calls go by raw paths and answer plain dicts with the API's own field names (what the webhook's gang
-model reads): the client's model classes are never built. Any failure but a 404 (gone) or a 409 (someone wrote
-first) is `Unreachable`: the notary answers 503 and the launcher retries.
+Every call is one the chart's notary ClusterRole grants, with its reason (docs/operate/security.md, "Every
+permission the chart grants"): tokenreviews create; pods get/list/watch; statefulsets get/patch; statefulsets/scale
+patch; jobs get/list/patch (list: the sweep); events create. The `kubernetes` client is blocking: each call runs on
+a thread of the authority's own pool (sized to the client's connection pool, so a gang's burst neither waits on the
+event loop's small default executor, shared with the webhook's other work, nor opens connections the pool then
+throws away), under a timeout. Calls go by raw paths and answer plain dicts with the API's own field names (what the
+webhook's gang model reads): the client's model classes are never built. Any failure but a 404 (gone) or a 409
+(someone wrote first) is `Unreachable`: the notary answers 503 and the launcher retries.
 
 A token that is not a JWT naming a pod and audience `trainhook` is refused without a TokenReview: the review
 could not name a pod for it (notary_membership.identity_from_review would refuse it), so a flood of garbage
@@ -176,6 +176,13 @@ class ClusterAuthority:
     async def list_gang_pods(self, namespace: str, job: str) -> list[dict]:
         answer = await self._call("GET", f"/api/v1/namespaces/{namespace}/pods",
                                   query=[("labelSelector", f"{keys.JOB_NAME}={job}")])
+        return list((answer or {}).get("items") or [])
+
+    async def list_unrecorded_jobs(self, namespace: str = "") -> list[dict]:
+        """The Jobs labeled trainhook.dev/framework (every gang Job is: the webhook admits only those) with no
+        recorded phase, in `namespace` or every namespace: what the sweep looks at (webhook/notary/sweep.py)."""
+        path = f"/apis/batch/v1/namespaces/{namespace}/jobs" if namespace else "/apis/batch/v1/jobs"
+        answer = await self._call("GET", path, query=[("labelSelector", f"{keys.FRAMEWORK},!{keys.PHASE}")])
         return list((answer or {}).get("items") or [])
 
     async def get_workload(self, namespace: str, kind: str, name: str) -> dict | None:

@@ -214,7 +214,11 @@ class Notary:
     async def record(self, verified: Verified, outcome: dict) -> dict:
         """Record `outcome` once (first write wins), stop the gang's StatefulSets, emit the Events; returns the
         outcome that is recorded. A retry of the same record finishes what an error interrupted."""
-        gang = verified.gang
+        return await self.record_on(verified.gang, verified.anchor_workload, outcome)
+
+    async def record_on(self, gang: Gang, workload: dict | None, outcome: dict) -> dict:
+        """`record` for `gang`, whose anchor workload as read is `workload`: a coordinator's record, or the sweep's
+        for a gang whose coordinator is gone (webhook/notary/sweep.py)."""
         if gang.bare:
             kept = self.bare_outcomes.setdefault(gang.gang_id, outcome)
             while len(self.bare_outcomes) > 10_000:
@@ -222,7 +226,6 @@ class Notary:
             if kept is outcome:
                 await self._emit(gang, [gang.anchor_workload], *outcome_message(outcome), key=outcome["time"])
             return kept
-        workload = verified.anchor_workload
         outcome = await self._with_pods(gang, outcome)
         for _ in range(MAX_CONFLICTS):
             recorded = recorded_outcome(workload)

@@ -39,6 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="how the cluster authority verifies a member's token: auto (against the keys the API "
                             "server publishes at /openid/v1/jwks where it serves them, else a TokenReview at a "
                             "bounded rate) or review (a TokenReview always) (env TRAINHOOK_WEBHOOK_NOTARY_TOKENS)")
+    group.add_argument("--notary-namespaces", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_NAMESPACES", ""),
+                       help="comma-separated namespaces where gangs run (the chart's rbac.gangNamespaces), where the "
+                            "sweep looks for gangs whose coordinator is gone (webhook/notary/sweep.py); empty: every "
+                            "namespace (env TRAINHOOK_WEBHOOK_NOTARY_NAMESPACES)")
+    group.add_argument("--notary-sweep-interval", type=float,
+                       default=float(os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_SWEEP_INTERVAL", "30")),
+                       help="seconds between the sweep's looks for finished gang Jobs nobody recorded; 0: no sweep "
+                            "(env TRAINHOOK_WEBHOOK_NOTARY_SWEEP_INTERVAL; default 30)")
     group.add_argument("--notary-ca-file", default=os.environ.get("TRAINHOOK_WEBHOOK_NOTARY_CA_FILE", ""),
                        help="PEM CA bundle gang pods verify the notary with (env TRAINHOOK_WEBHOOK_NOTARY_CA_FILE, "
                             "or the PEM itself in TRAINHOOK_WEBHOOK_NOTARY_CA; default: the certificate mode's "
@@ -54,6 +62,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
                     "and there is no such directory")
     elif authority not in ("none", "cluster"):
         return f"--notary-authority {authority!r}: use none, cluster or local:DIR"
+    if not 0 <= getattr(args, "notary_sweep_interval", 0) <= 3600:
+        return f"--notary-sweep-interval {args.notary_sweep_interval:g}: use seconds from 0 (no sweep) to 3600"
     if not 0 < args.notary_port < 65536:
         return f"--notary-port {args.notary_port}: use a TCP port from 1 to 65535"
     return None
