@@ -22,7 +22,7 @@ MODES = {"self-managed": {}, "cert-manager": {"certificates": {"mode": "cert-man
 NOTARY_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "patch"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "patch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "patch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets/scale"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
@@ -119,6 +119,18 @@ def test_the_webhook_reads_the_notary_url_and_ca_from_the_charts_settings(render
     else:
         assert callable(args.settings.notary_ca) and args.settings.notary_ca.path == Path(ca_file)
         assert notary_ca_pem(args.settings) == ""  # no such file on this machine: nothing, not an error
+
+
+@pytest.mark.parametrize(("gang_namespaces", "swept"), [([], ""), (["team-a", "team-b"], "team-a,team-b")])
+def test_the_notarys_sweep_looks_where_the_chart_lets_it(gang_namespaces, swept, monkeypatch):
+    """The sweep (webhook/notary/sweep.py) lists Jobs in every namespace with the cluster-wide binding, and only in
+    rbac.gangNamespaces with the namespaced ones (elsewhere its list would be refused), parsed by the webhook."""
+    manifests = render_chart({"rbac": {"gangNamespaces": gang_namespaces}}, NAMESPACE)
+    for name, value in env_of(manifests).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    args = server.parse_args(list(container(manifests).get("args") or []))
+    assert (args.notary_namespaces, args.notary_sweep_interval) == (swept, 30.0)
 
 
 def test_notes_say_training_pods_need_no_permission_and_where_outcomes_are():
