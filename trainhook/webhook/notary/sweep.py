@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import random
 from typing import TYPE_CHECKING, Protocol
 
 from trainhook.gang import keys
@@ -159,6 +160,7 @@ class Sweep:
         done = []
         candidates = [(job, *ended) for job in jobs if (ended := finished(job)) is not None
                       and (job.get("metadata") or {}).get("uid") not in self.unproven]
+        random.shuffle(candidates)  # beyond the round's bound, every candidate gets its turn (none starves)
         for job, phase, condition in candidates[:MAX_GANGS_PER_ROUND]:
             recorded = await self.sweep_job(job, phase, condition)
             if recorded:
