@@ -18,6 +18,7 @@ Commands come on stdin, one a line (`fail RANK`, `finish`, `quit`); what happene
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import queue
 import sys
@@ -77,12 +78,35 @@ class Tagged:
         self.into.put((self.rank, event))
 
 
+class PodClient(NotaryClient):
+    """The launcher's NotaryClient, connecting from `address`: in a cluster each member's pod has its own address
+    (the notary bounds connections per source address, webhook/connections.py); loopback's 127/8 gives each
+    simulated member one."""
+
+    def __init__(self, *args, address: str = "", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.address = address
+
+    def connection(self) -> http.client.HTTPSConnection:
+        connection = super().connection()
+        if self.address:
+            connection.source_address = (self.address, 0)
+        return connection
+
+
+def pod_address(rank: int) -> str:
+    """A loopback address of its own for each rank (127.100.0.1 up: not the notary's 127.0.0.1)."""
+    return f"127.100.{rank // 250}.{rank % 250 + 1}"
+
+
 class Members:
     """Simulated members: each a NotaryClient and a Link; one thread answers every member's directives."""
 
-    def __init__(self, gang: GangView, settings: LaunchSettings, ranks: range, tokens: Path, threads: int = 1):
+    def __init__(self, gang: GangView, settings: LaunchSettings, ranks: range, tokens: Path, threads: int = 1,
+                 own_addresses: bool = True):
         self.gang, self.settings, self.ranks, self.tokens = gang, settings, ranks, tokens
         self.threads = threads  # members of this process asking the notary at once
+        self.own_addresses = own_addresses  # each member from its own address, as pods are (else all 127.0.0.1)
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.links: dict[int, Link] = {}
         self.reports: dict[int, Report] = {}
@@ -105,8 +129,9 @@ class Members:
 
     def join(self, rank: int) -> None:
         """What a member's launcher does at its start: the key from the notary, then the link to rank 0."""
-        notary = NotaryClient(self.settings.notary_url, self.settings.notary_ca,
-                              token_file=str(self.tokens / f"{rank}.token"))
+        notary = PodClient(self.settings.notary_url, self.settings.notary_ca,
+                           token_file=str(self.tokens / f"{rank}.token"),
+                           address=pod_address(rank) if self.own_addresses else "")
         self.mark("asked", rank)
         try:
             key = notary.gang_key(self.gang.namespace, self.gang.job_name, 300, log=self.retries.append)
@@ -168,7 +193,7 @@ class Members:
 def run_members(args) -> int:
     gang, settings = load_gang(args.gang, args.port)
     low, high = (int(x) for x in args.ranks.split(":"))
-    members = Members(gang, settings, range(low, high), Path(args.tokens), args.threads)
+    members = Members(gang, settings, range(low, high), Path(args.tokens), args.threads, not args.one_address)
     time.sleep(max(0.0, args.go_at - time.time()))
     members.start()
     for line in sys.stdin:
@@ -231,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=16, help="members asking the notary at once")
     parser.add_argument("--go-at", type=float, default=0.0, help="wall-clock time at which every member starts")
     parser.add_argument("--log", default="", help="the coordinator's log file")
+    parser.add_argument("--one-address", action="store_true", help="every member from 127.0.0.1 (else each its own)")
     args = parser.parse_args(argv)
     return run_members(args) if args.role == "members" else run_coordinator(args)
 

@@ -229,7 +229,8 @@ def simulate(args, workdir: Path, log) -> dict:
         go_at = time.time() + 1.0
         members = [Child(["members", "--gang", str(gang_file), "--tokens", str(tokens), "--port", str(port),
                           "--ranks", f"{low}:{high}", "--go-at", str(go_at),
-                          "--threads", str(-(-args.concurrency // procs))])
+                          "--threads", str(-(-args.concurrency // procs)),
+                          *(["--one-address"] if args.one_address else [])])
                    for low, high in zip(bounds, bounds[1:]) if high > low]
         children.extend(members)
         apiserver = cp.pids["kube-apiserver"]
@@ -297,6 +298,7 @@ def simulate(args, workdir: Path, log) -> dict:
                 "coordinator_rss_mb": max(assembled["peak_rss_mb"], ended["peak_rss_mb"]),
                 "coordinator_threads": max(assembled["threads"], ended["threads"]),
                 "coordinator_fds": assembled["fds"], "member_processes": len(members),
+                "concurrency": args.concurrency, "one_address": args.one_address,
                 "load1": os.getloadavg()[0]}
     finally:
         for child in reversed(children):  # the members first: losing rank 0 is not what they should report
@@ -315,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="members asking the notary at once, over all member processes (default %(default)s: "
                              "under the webhook's 128 connections, connections.MAX_CONNECTIONS; performance.md says "
                              "what 1,280 at once did)")
+    parser.add_argument("--one-address", action="store_true",
+                        help="every simulated member connects from 127.0.0.1 (default: each from its own loopback "
+                             "address, as each pod has its own; the notary bounds connections per address)")
     parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else on stdout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, tokens)")
     args = parser.parse_args(argv)

@@ -152,6 +152,10 @@ class NotaryClient:
             raise NotaryError(f"cannot read this pod's identity token {self.token_file}: {e.strerror or e} (is "
                               f"the {keys.IDENTITY_VOLUME} volume mounted? the webhook injects it)") from None
 
+    def connection(self) -> http.client.HTTPSConnection:
+        """A new connection for one call (a launcher's few calls are seconds to minutes apart)."""
+        return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.context)
+
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
         """One HTTPS call; the JSON object of a 200, else NotaryError with the status and the notary's words."""
         headers = {"Authorization": f"Bearer {self.token()}", "Accept": "application/json"}
@@ -159,7 +163,7 @@ class NotaryClient:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        connection = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.context)
+        connection = self.connection()
         try:
             connection.request(method, self.base + path, body=data, headers=headers)
             response = connection.getresponse()

@@ -5,16 +5,24 @@ asyncio's 256 KiB read buffer before its handshake even starts, with no deadline
 or on a request head (aiohttp's only timer is the keep-alive one), so 1,000 clients that open a connection and
 then say nothing took the server past its memory limit (issue 23). Here the accept loop is ours:
 
-- at most MAX_CONNECTIONS open (handshaking included); one more evicts a connection of the source address
-  that holds the most (so one pod's flood evicts its own connections, never the API server's or a member's):
+- at most `Limits.max_connections` open (handshaking included), at most `per_source` of them from one source
+  address (admission port: MAX_CONNECTIONS both; notary port: NOTARY_MAX_CONNECTIONS, MAX_CONNECTIONS a source).
+  One more from a source at its share evicts one of that source's own; one more past the total, one of the
+  source holding the most (so one pod's flood evicts its own connections, never the API server's or a member's):
   its oldest connection that has not sent a complete request head yet, else the one whose handler has waited
   longest (over BODY_STALL) for a body that does not come, else the one idle longest between requests, else any
   one waiting for its body; a source with none of these is passed over for the next, and with no source left
-  the new connection is closed at once. A complete head with a `Content-Length` and no body used to count as a
-  request being answered, which was never evicted, and the oldest pending connection was evicted whoever's it
-  was: 600 of them from one pod kept members from their keys and the API server's reviews out (issue 31 item 3).
-  A real client's body follows its head within milliseconds, so the connection waiting longest for one is the
-  one that is not sending it;
+  the new connection is closed at once. (A head whose body never came used to be never evicted: 600 of them from
+  one pod kept members from their keys, issue 31 item 3.) A real client's body follows its head within
+  milliseconds, so the connection waiting longest for one is the one that is not sending it;
+- a gang's burst (issue 32): its members connect to the notary at once, and on 2 loaded cores their handshakes
+  take longer than the next 128 connections take to arrive, so evicting the oldest handshake for each new one
+  evicted the one served next, again and again (1,280 members at once: 95,418 evictions in 3 minutes). So past
+  the notary's total a pending connection younger than `pending_grace` is not evicted (the admission port: no
+  grace): the new one is closed at once, before any TLS work, and its launcher retries after a jittered back-off;
+- each TLS connection's read buffer is READ_BUFFER (asyncio's 256 KiB, zeroed at accept, would put 1,024
+  connections past the chart's memory limit), and no TLS session ticket is issued (no client here resumes: the
+  API server's Go client keeps no session cache, a launcher's calls are a new connection each);
 - HEAD_DEADLINE from accept for the TLS handshake, and from the first byte of a request head, arriving on an
   idle connection, to the complete head;
 - IDLE_TIMEOUT for an idle connection (after the handshake, or between two requests: aiohttp's keepalive_timeout).
@@ -27,7 +35,7 @@ then say nothing took the server past its memory limit (issue 23). Here the acce
 - bodies that did not come with their head are read within a byte budget shared by all connections
   (`BodyBudget`), so trickled 4 MiB bodies cannot multiply.
 
-So memory is bounded by MAX_CONNECTIONS x (the TLS buffer + a bounded head) + BODY_BUDGET, and a real client
+So memory is bounded by the connections x (the TLS buffer + a bounded head) + BODY_BUDGET, and a real client
 (whose handshake and head take milliseconds) is never kept out by idle ones. The accept loop never ends on an
 error (out of file descriptors, a failed handshake): it logs at a bounded rate and goes on.
 """
@@ -35,6 +43,7 @@ error (out of file descriptors, a failed handshake): it logs at a bounded rate a
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
 import logging
 import os
@@ -67,8 +76,14 @@ def _env_number(name: str, default: float) -> float:
 HEAD_DEADLINE = _env_number("HEAD_DEADLINE", 5.0)
 # Seconds an idle connection is kept: above the API server's 90 s, so the API server always closes it first.
 IDLE_TIMEOUT = _env_number("IDLE_TIMEOUT", 120.0)
-# Open connections at most (the API server keeps a few per replica; it opens more only under a burst).
+# Open connections at most (the API server keeps a few per replica); on the notary port, from one source address.
 MAX_CONNECTIONS = int(_env_number("MAX_CONNECTIONS", 128))
+# The notary port's: open connections in all (a gang's members connect at once), and the seconds a pending one
+# is safe from eviction by the total's (its handshake queued behind a burst's).
+NOTARY_MAX_CONNECTIONS = int(_env_number("NOTARY_MAX_CONNECTIONS", 1024))
+PENDING_GRACE = _env_number("PENDING_GRACE", 1.0)
+# Bytes asyncio reads from a TLS socket at once and allocates per connection (a larger body takes more reads).
+READ_BUFFER = 32 * 1024
 # Seconds a handler may wait for a body before its connection is evicted ahead of idle ones when room is needed.
 BODY_STALL = _env_number("BODY_STALL", 1.0)
 # Bytes of request bodies being read at one time, over all connections (a review's body is usually in its
@@ -80,13 +95,30 @@ MAX_FIELD_SIZE = 8190
 # Refusals and evictions are logged at most once per this many seconds, with their counts since.
 LOG_INTERVAL = 10.0
 
+if getattr(asyncio.sslproto.SSLProtocol, "max_size", 0) > READ_BUFFER:  # a class attribute read at each connection
+    asyncio.sslproto.SSLProtocol.max_size = READ_BUFFER
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A listener's bounds: connections in all, from one source address, a pending one's grace, the backlog."""
+
+    max_connections: int = MAX_CONNECTIONS
+    per_source: int = MAX_CONNECTIONS
+    pending_grace: float = 0.0
+    backlog: int = 128
+
+
+NOTARY = Limits(max(NOTARY_MAX_CONNECTIONS, MAX_CONNECTIONS), MAX_CONNECTIONS, PENDING_GRACE,
+                min(4096, max(128, NOTARY_MAX_CONNECTIONS)))
+
 
 @dataclass(eq=False)
 class Connection:
     """One accepted connection: from accept (handshaking, no transport yet) to its close."""
 
     accepted: float
-    sock: socket.socket | None  # until the handshake ends; then the transport owns it
+    sock: socket.socket | None  # until its handshake begins; then asyncio owns it
     peer: str = ""  # the client's address (its source: what eviction shares room by)
     handshake: asyncio.Task | None = None
     timer: asyncio.TimerHandle | None = None  # the handshake's deadline, then a head's
@@ -150,18 +182,29 @@ class ConnectionGuard:
     """Accepts on a socket and hands each connection, TLS done, to `protocol_factory` (aiohttp's web.Server,
     set with the TLS context by `serve_app` once the runner is set up)."""
 
-    def __init__(self, max_connections: int = MAX_CONNECTIONS, head_deadline: float = HEAD_DEADLINE) -> None:
+    def __init__(self, max_connections: int = MAX_CONNECTIONS, head_deadline: float = HEAD_DEADLINE,
+                 limits: Limits | None = None) -> None:
+        """`limits` (the notary's, NOTARY) bound the connections in all, a source's and a pending one's grace;
+        without them, `max_connections` in all and from one source, no grace (the admission port's)."""
         self.protocol_factory: Callable[[], asyncio.Protocol] | None = None
         self.context: ssl.SSLContext | None = None
-        self.max_connections, self.head_deadline = max_connections, head_deadline
+        limits = limits or Limits(max_connections=max_connections, per_source=max_connections)
+        self.limits, self.head_deadline = limits, head_deadline
+        self.max_connections, self.per_source = limits.max_connections, min(limits.per_source, limits.max_connections)
         self.open: dict[Connection, None] = {}  # insertion-ordered: the oldest accepted first
+        self.sources: dict[str, dict[Connection, None]] = {}  # the same, by source address
         self.by_transport: dict[asyncio.BaseTransport, Connection] = {}
         self.refusals = RateLimitedLog("connections refused or closed early")
 
     def forget(self, conn: Connection) -> None:
         """Stop counting `conn`, and drop every reference to it (a closed connection's buffers are freed now,
         not when its deadline would have passed)."""
-        self.open.pop(conn, None)
+        if conn in self.open:
+            del self.open[conn]
+            own = self.sources[conn.peer]
+            del own[conn]
+            if not own:
+                del self.sources[conn.peer]
         if conn.timer is not None:
             conn.timer.cancel()
             conn.timer = None
@@ -175,9 +218,11 @@ class ConnectionGuard:
         self.forget(conn)
         if conn.transport is None:
             if conn.handshake is not None:
-                conn.handshake.cancel()  # asyncio closes the socket when the handshake is cancelled
-            elif conn.sock is not None:
-                conn.sock.close()
+                conn.handshake.cancel()  # asyncio closes the socket when a handshake begun is cancelled
+                conn.handshake = None
+            if conn.sock is not None:  # its handshake had not begun (the task never runs): close it now, not when
+                conn.sock.close()      # a garbage collection frees the cancelled task's frame
+                conn.sock = None
         elif conn.heads == 0 or conn.body_since is not None:  # nothing to flush: a body never came
             conn.transport.abort()
         else:
@@ -185,28 +230,27 @@ class ConnectionGuard:
 
     def _make_room(self) -> bool:
         """Close one connection to make room for a new one (see the module docstring for the order), from the
-        source holding the most; False when every connection is answering a request whose body has arrived."""
-        sources: dict[str, list[Connection]] = {}
-        for conn in self.open:  # oldest first within each source
-            sources.setdefault(conn.peer, []).append(conn)
-        for conns in sorted(sources.values(), key=len, reverse=True):
-            victim = self._victim(conns)
+        source holding the most; False when every connection is answering a request whose body has arrived, or
+        is pending for less than the grace."""
+        for conns in sorted(self.sources.values(), key=len, reverse=True):
+            victim = self._victim(conns, self.limits.pending_grace)
             if victim is not None:
                 self.close(*victim)
                 return True
         return False
 
     @staticmethod
-    def _victim(conns: list[Connection]) -> tuple[Connection, str] | None:
-        pending = next((c for c in conns if c.heads == 0), None)
+    def _victim(conns: dict[Connection, None], grace: float = 0.0) -> tuple[Connection, str] | None:
+        """Which of one source's connections (oldest first) to close; a pending one only after `grace` seconds."""
+        now = asyncio.get_running_loop().time()
+        pending = next((c for c in conns if c.heads == 0 and now - c.accepted >= grace), None)
         if pending is not None:
             return pending, "evicted: no request head yet"
         waiting = [c for c in conns if c.body_since is not None]
         stalled = min(waiting, key=lambda c: c.body_since or 0.0) if waiting else None
-        now = asyncio.get_running_loop().time()
         if stalled is not None and now - (stalled.body_since or now) >= BODY_STALL:
             return stalled, "evicted: body not sent"
-        idle = [c for c in conns if c.active == 0]
+        idle = [c for c in conns if c.active == 0 and c.heads]  # (a pending one within its grace is not idle)
         if idle:
             return min(idle, key=lambda c: c.idle_since), "evicted: idle"
         return (stalled, "evicted: body not sent") if stalled is not None else None
@@ -231,22 +275,32 @@ class ConnectionGuard:
                 sock.close()
 
     def accept(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        if len(self.open) >= self.max_connections and not self._make_room():  # (room made before this one counts)
-            self.refusals.count("closed at once: every connection is answering a request")
-            sock.close()
-            return
         try:
             peer = str(sock.getpeername()[0])
         except OSError:  # already reset by the client
             peer = ""
+        own = self.sources.get(peer)
+        if own is not None and len(own) >= self.per_source:  # a source past its share makes room from its own
+            victim = self._victim(own)
+            if victim is None:
+                self.refusals.count("closed at once: every connection of its source is answering a request")
+                sock.close()
+                return
+            self.close(*victim)
+        if len(self.open) >= self.max_connections and not self._make_room():  # (room made before this one counts)
+            self.refusals.count("closed at once: every connection is answering a request or new")
+            sock.close()
+            return
         conn = Connection(accepted=loop.time(), sock=sock, peer=peer)
         self.open[conn] = None
+        self.sources.setdefault(peer, {})[conn] = None
         conn.timer = loop.call_at(conn.accepted + self.head_deadline, self._check_deadline, conn)
         conn.handshake = loop.create_task(self._handshake(loop, conn, sock))
 
     async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: Connection, sock: socket.socket) -> None:
         assert self.protocol_factory is not None
         factory = self.protocol_factory
+        conn.sock = None  # asyncio's from here on
         try:
             await loop.connect_accepted_socket(lambda: Tracked(self, conn, factory()), sock,
                                                ssl=self.context, ssl_handshake_timeout=self.head_deadline,
@@ -349,9 +403,13 @@ def awaiting_body(request: web.Request):
     return guard.awaiting_body(request.transport) if guard is not None else contextlib.nullcontext()
 
 
+LIMITS = web.AppKey("connection_limits", Limits)
+
+
 def guard_app(app: web.Application) -> None:
-    """Give `app` its ConnectionGuard (whose middleware sees each request head arrive) and its BodyBudget."""
-    app[GUARD] = ConnectionGuard()
+    """Give `app` its ConnectionGuard (whose middleware sees each request head arrive), bounded by the app's
+    LIMITS when it names them (the notary's) and its BodyBudget."""
+    app[GUARD] = ConnectionGuard(limits=app.get(LIMITS))
     app[BUDGET] = BodyBudget()
     app.middlewares.append(app[GUARD].middleware())
 
@@ -374,6 +432,7 @@ def serve_app(runner: web.AppRunner, host: str, port: int,
     """Serve `runner` (set up) on host:port through its app's ConnectionGuard; cancel the task and close the
     socket to stop accepting."""
     guard = runner.app[GUARD]
+    context.num_tickets = 0  # no client resumes a session (the module docstring): a ticket is work thrown away
     guard.protocol_factory, guard.context = runner.server, context
-    listener = listen(host, port)
+    listener = listen(host, port, guard.limits.backlog)
     return asyncio.create_task(guard.serve(listener)), listener

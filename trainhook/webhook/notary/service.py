@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from trainhook.webhook.connections import awaiting_body
+from trainhook.webhook.connections import LIMITS, NOTARY as NOTARY_LIMITS, awaiting_body
 from trainhook.webhook.notary.cache import Read, RefusalCache, RefusalLog, ReviewCache, SharedReads
 from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, Gang, Identity, Place, Refusal, WorkloadRef,
                                                  decide, gang_key, gang_workloads, identity_from_review,
@@ -396,6 +396,7 @@ async def post_event(notary: Notary, verified: Verified, body: object) -> dict:
 def create_app(notary: Notary) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     app[NOTARY] = notary
+    app[LIMITS] = NOTARY_LIMITS  # a gang's burst: every member's pod connects at once (webhook/connections.py)
     app.router.add_post("/v1/credential", handler(credential, shared=True))
     app.router.add_get("/v1/outcome", handler(get_outcome))
     app.router.add_post("/v1/outcome", handler(post_outcome))

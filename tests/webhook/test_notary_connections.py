@@ -1,0 +1,141 @@
+"""The notary port's connection bounds (webhook/connections.py `Limits`, issue 32): a gang's burst is not
+livelocked, and one source's flood still evicts only its own connections.
+
+A real guarded listener on loopback (the guard's accept loop, asyncio's TLS), with small bounds so the test is
+quick; clients are raw TCP connections that say nothing (a member whose ClientHello is queued behind a burst looks
+the same to the guard), each from a loopback address of its own (127/8 routes to lo) as each pod has its own. The
+hostile clients' guarantees with the chart's bounds are tests/webhook/test_notary_hostile_clients.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from trainhook.certs.build import write_bundle
+from trainhook.webhook import connections
+from trainhook.webhook.connections import LIMITS, Limits, app_runner, guard_app, serve_app
+
+
+@pytest.fixture(scope="module")
+def context(tmp_path_factory) -> ssl.SSLContext:
+    certs: Path = tmp_path_factory.mktemp("certs")
+    write_bundle(certs, ["127.0.0.1", "localhost"])
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(certs / "tls.crt", certs / "tls.key")
+    return server
+
+
+def closed(sock: socket.socket) -> bool:
+    """Whether the server closed (or reset) this client's connection."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+async def guarded(context: ssl.SSLContext, limits: Limits | None):
+    app = web.Application()
+    if limits is not None:
+        app[LIMITS] = limits
+    guard_app(app)
+    runner = app_runner(app)
+    await runner.setup()
+    task, listener = serve_app(runner, "127.0.0.1", 0, context)
+    return app[connections.GUARD], runner, task, listener
+
+
+def connect(port: int, source: str) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def run(context, limits, scenario):
+    async def main():
+        guard, runner, task, listener = await guarded(context, limits)
+        clients: list[socket.socket] = []
+        try:
+            await scenario(guard, listener.getsockname()[1], clients)
+        finally:
+            task.cancel()
+            listener.close()
+            for sock in clients:
+                sock.close()
+            await runner.cleanup()
+    asyncio.run(main())
+
+
+async def settle() -> None:
+    await asyncio.sleep(0.2)
+
+
+def test_a_burst_past_the_total_closes_the_new_connection_not_a_young_pending_one(context):
+    """Issue 32: every member of a gang connecting at once. Past the total, a pending connection younger than the
+    grace is not evicted: the new one is closed at once (its launcher retries). Once the grace has passed, the
+    oldest pending one is evicted again (a member cannot hold its place forever)."""
+    limits = Limits(max_connections=8, per_source=4, pending_grace=1.0, backlog=64)
+
+    async def scenario(guard, port, clients):
+        for n in range(8):
+            clients.append(connect(port, f"127.0.1.{n + 1}"))
+        await settle()
+        assert len(guard.open) == 8
+        late = connect(port, "127.0.1.100")
+        clients.append(late)
+        await settle()
+        assert closed(late), "the connection past the total should have been closed at once"
+        assert not any(closed(s) for s in clients[:8]), "a young pending connection was evicted"
+        await asyncio.sleep(1.0)  # past the grace
+        later = connect(port, "127.0.1.101")
+        clients.append(later)
+        await settle()
+        assert closed(clients[0]), "past the grace, the oldest pending connection is evicted"
+        assert not closed(later) and not any(closed(s) for s in clients[1:8])
+    run(context, limits, scenario)
+
+
+def test_one_source_past_its_share_evicts_its_own_oldest_at_once(context):
+    """A flood from one address (a pod) meets its own share first and evicts its own oldest connection, whatever
+    its age; the other sources' connections are untouched, and the total is never reached."""
+    limits = Limits(max_connections=16, per_source=4, pending_grace=5.0, backlog=64)
+
+    async def scenario(guard, port, clients):
+        members = [connect(port, f"127.0.2.{n + 1}") for n in range(3)]
+        flood = [connect(port, "127.0.3.1") for _ in range(10)]
+        clients.extend(members + flood)
+        await settle()
+        assert not any(closed(s) for s in members)
+        assert [closed(s) for s in flood] == [True] * 6 + [False] * 4
+        assert len(guard.sources["127.0.3.1"]) == 4 and len(guard.open) == 7
+    run(context, limits, scenario)
+
+
+def test_the_admission_port_keeps_evicting_the_oldest_pending_at_once(context):
+    """Without the notary's limits (the admission port): one total, no grace, so one more connection evicts the
+    oldest pending one at once, as before issue 32."""
+    limits = None
+
+    async def scenario(guard, port, clients):
+        guard.max_connections = guard.per_source = 4
+        for n in range(5):
+            clients.append(connect(port, f"127.0.4.{n + 1}"))
+        await settle()
+        assert [closed(s) for s in clients] == [True, False, False, False, False]
+    run(context, limits, scenario)
+
+
+def test_the_notary_limits_fit_a_gang_burst_and_a_source_keeps_its_share():
+    assert connections.NOTARY.max_connections >= 1024
+    assert connections.NOTARY.per_source == connections.MAX_CONNECTIONS
+    assert connections.NOTARY.backlog >= connections.NOTARY.max_connections
+    assert Limits().pending_grace == 0 and Limits().per_source == Limits().max_connections == connections.MAX_CONNECTIONS
