@@ -152,10 +152,9 @@ def token_claims(token: str) -> Claims | None:
 
 
 def _owner_ref(pod: dict) -> WorkloadRef | None:
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return WorkloadRef(ref.get("kind", ""), ref.get("name", ""), ref.get("uid", ""))
-    return None
+    """The pod's controller as a WorkloadRef (read by provenance.controller_ref, the one walk of ownerReferences)."""
+    owner = provenance.controller_ref(pod)
+    return WorkloadRef(*owner) if owner else None
 
 
 def made_by_its_controller(key: bytes, namespace: str, pod: dict, who: str) -> None:

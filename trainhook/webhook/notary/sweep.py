@@ -65,8 +65,8 @@ def finished(job: dict) -> tuple[str, dict] | None:
 
 
 def controlled_by(pod: dict, uid: str) -> bool:
-    return any(ref.get("controller") and ref.get("uid") == uid
-               for ref in (pod.get("metadata") or {}).get("ownerReferences") or [])
+    owner = provenance.controller_ref(pod)
+    return owner is not None and owner[2] == uid
 
 
 def running(pod: dict) -> bool:
