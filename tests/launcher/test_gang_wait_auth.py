@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
+import pod_network
+from pod_network import BIND_HOSTS
 from gang_notary import GangNotary, indexed_job
 from trainhook.gang import keys
 from trainhook.launcher.pod_view import parse_gang
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
-BIND_HOSTS = 'mount --bind "$0" /etc/hosts && exec "$@"'
 NONCE = "0123456789abcdef0123456789abcdef"
-_names = itertools.count()
 
 
 def free_port() -> int:
@@ -59,43 +59,14 @@ def say_hello(address: str, port: int, lines: list[str], netns: str | None = Non
 
 # --- address-checked (no notary named in the wait's container) ----------------------------------------------------
 
-class PodNetwork:
-    """Network namespaces on one bridge: pod i has IP 10.214.0.(i+1)."""
+class PodNetwork(pod_network.PodNetwork):
+    """Pods on one bridge (tests/support/pod_network.py): pod i has IP 10.214.0.(i+1)."""
 
     def __init__(self, size: int):
-        tag = f"ta{os.getpid()}x{next(_names)}"
-        self.bridge, self.pods = f"{tag}b", [f"{tag}p{i}" for i in range(size)]
-        self.ips = [f"10.214.0.{i + 1}" for i in range(size)]
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def __enter__(self) -> PodNetwork:
-        ip = lambda *args: subprocess.run(["ip", *args], check=True, capture_output=True)  # noqa: E731
-        ip("netns", "add", self.bridge)
-        ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
-        ip("-n", self.bridge, "link", "set", "br0", "up")
-        for i, (pod, addr) in enumerate(zip(self.pods, self.ips)):
-            ip("netns", "add", pod)
-            ip("-n", self.bridge, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", pod)
-            ip("-n", self.bridge, "link", "set", f"v{i}", "master", "br0", "up")
-            ip("-n", pod, "addr", "add", f"{addr}/24", "dev", "eth0")
-            ip("-n", pod, "link", "set", "eth0", "up")
-            ip("-n", pod, "link", "set", "lo", "up")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for ns in [*self.pods, self.bridge]:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        super().__init__(size, subnet="10.214.0", tag="ta")
 
     def wait(self, i: int, hosts: Path, env: dict[str, str], timeout: float) -> subprocess.Popen[str]:
-        cmd = ["ip", "netns", "exec", self.pods[i], "unshare", "--mount", "--", "sh", "-c", BIND_HOSTS, str(hosts),
-               *LAUNCH, "wait", "--mode", "tcp", "--timeout", str(timeout)]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        return proc
+        return self.start(i, hosts, [*LAUNCH, "wait", "--mode", "tcp", "--timeout", str(timeout)], env)
 
 
 def pair_env(rank: int) -> dict[str, str]:

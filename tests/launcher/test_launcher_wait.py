@@ -7,7 +7,6 @@ bridge, exactly like pods on a cluster network, so every wait listens on the sam
 
 from __future__ import annotations
 
-import itertools
 import re
 import os
 import subprocess
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import pod_network
+from pod_network import BIND_HOSTS
 from trainhook.gang import keys
 from trainhook.launcher.pod_view import GangView, parse_gang
 from trainhook.launcher import reach
@@ -27,8 +28,6 @@ from trainhook.launcher.wait.tcp import PROTOCOL, missing_line, parse_hello, par
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
 ADDRESSES = ["job-master-0.job", "job-worker-0.job", "job-worker-1.job"]  # ranks 0, 1, 2
 ROLES = [("master", 0), ("worker", 0), ("worker", 1)]
-BIND_HOSTS = 'mount --bind "$0" /etc/hosts && exec "$@"'
-_names = itertools.count()
 
 
 def pod_env(rank: int, job: str = "job", **extra: str) -> dict[str, str]:
@@ -158,43 +157,8 @@ def test_the_backoff_grows_to_a_floor_then_to_a_share_of_the_time_waited():
 
 # --- tcp ------------------------------------------------------------------------------------------------------
 
-class PodNetwork:
-    """Network namespaces joined by a bridge: pod i has IP 10.213.0.(i+1) and its own port space."""
-
-    def __init__(self, size: int):
-        tag = f"th{os.getpid()}x{next(_names)}"
-        self.bridge, self.pods = f"{tag}b", [f"{tag}p{i}" for i in range(size)]
-        self.ips = [f"10.213.0.{i + 1}" for i in range(size)]
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def __enter__(self) -> "PodNetwork":
-        ip = lambda *args: subprocess.run(["ip", *args], check=True, capture_output=True)  # noqa: E731
-        ip("netns", "add", self.bridge)
-        ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
-        ip("-n", self.bridge, "link", "set", "br0", "up")
-        for i, (pod, addr) in enumerate(zip(self.pods, self.ips)):
-            ip("netns", "add", pod)
-            ip("-n", self.bridge, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", pod)
-            ip("-n", self.bridge, "link", "set", f"v{i}", "master", "br0", "up")
-            ip("-n", pod, "addr", "add", f"{addr}/24", "dev", "eth0")
-            ip("-n", pod, "link", "set", "eth0", "up")
-            ip("-n", pod, "link", "set", "lo", "up")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for ns in [*self.pods, self.bridge]:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-    def start(self, i: int, hosts: Path, args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-        cmd = ["ip", "netns", "exec", self.pods[i], "unshare", "--mount", "--", "sh", "-c", BIND_HOSTS,
-               str(hosts), *args]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        return proc
+class PodNetwork(pod_network.PodNetwork):
+    """The launcher's tcp wait in pods on one bridge (tests/support/pod_network.py): pod i has IP 10.213.0.(i+1)."""
 
     def wait_tcp(self, rank: int, hosts: Path, timeout: float) -> subprocess.Popen[str]:
         return self.start(rank, hosts, [*LAUNCH, "wait", "--timeout", str(timeout)],
