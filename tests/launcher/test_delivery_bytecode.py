@@ -14,7 +14,6 @@ import marshal
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import zipfile
@@ -25,6 +24,7 @@ import pytest
 from gang_notary import GangNotary, indexed_job
 from trainhook.launcher import deliver
 from trainhook.webhook import launcher_configmap as lcm
+from webhook_process import free_port
 
 ZIP = deliver.build_zip()
 PYTHON38 = sorted(glob.glob("/root/.pyenv/versions/3.8*/bin/python"))
@@ -99,12 +99,6 @@ def test_the_zip_fits_a_configmap_beside_the_entry_program():
     assert len(ZIP) + len(deliver.entry_program()) < lcm.MAX_BYTES
     assert len(ZIP) < 350_000  # beside the largest entry program (glibc's, 683 KB) with room to spare
     assert len(ZIP) < 2.5 * len(sources)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def imports_until(launcher: Path, env: dict[str, str], marker: str) -> set[str]:

@@ -29,15 +29,10 @@ from pod_network import BIND_HOSTS
 from gang_notary import GangNotary, indexed_job
 from trainhook.gang import keys
 from trainhook.launcher.pod_view import parse_gang
+from webhook_process import free_port
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
 NONCE = "0123456789abcdef0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 40) -> tuple[int, str, str]:

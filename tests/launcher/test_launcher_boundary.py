@@ -18,7 +18,6 @@ import glob
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import zipfile
@@ -30,6 +29,7 @@ from gang_notary import GangNotary, indexed_job
 import trainhook
 import trainhook.launcher
 from trainhook.launcher import deliver
+from webhook_process import free_port
 
 TOP = Path(trainhook.__file__).parent
 LAUNCHER = Path(trainhook.launcher.__file__).parent
@@ -201,12 +201,6 @@ def launcher_zip(tmp_path_factory) -> Path:
 
 def python_id(python: str) -> str:
     return "this-python" if python == sys.executable else Path(python).parent.parent.name
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(python: str, launcher_zip: Path, *args: str, env: dict | None = None, timeout: float = 60):

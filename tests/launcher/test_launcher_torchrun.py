@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ import pytest
 
 from trainhook.launcher.pod_view import ConfigError
 from trainhook.launcher.torchrun import FLAG_OPTIONS, TORCHRUN, option_name, torchrun_argv
+from webhook_process import free_port
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
 
@@ -119,12 +119,6 @@ SCRIPT = textwrap.dedent("""
     print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {value.item():g}", flush=True)
     dist.destroy_process_group()
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_nodes_train_together_through_the_launcher(tmp_path):

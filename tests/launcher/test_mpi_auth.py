@@ -34,6 +34,7 @@ from gang_notary import MpiGangCredentials
 from trainhook.launcher.mpi import control
 from trainhook.launcher.mpi import gang_transport
 from trainhook.launcher.pod_view import Peer, parse_gang
+from webhook_process import free_port
 
 SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
@@ -42,12 +43,6 @@ CREDENTIALS = MpiGangCredentials()
 mpi_notary = CREDENTIALS.fixture()
 HEADER = struct.Struct("!BI")
 TAG = getattr(gang_transport, "TAG", 0)  # bytes after each frame's data (0: frames were not signed)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gang_env(role: str, port: int, **more: str) -> dict[str, str]:

@@ -23,6 +23,7 @@ from gang_notary import MpiGangCredentials
 from trainhook.launcher.mpi import control
 from trainhook.launcher.mpi import launch as mpi_launch
 from trainhook.launcher.pod_view import Peer, parse_gang
+from webhook_process import free_port
 
 SHAPE = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAMESPACE": "team-a",
          "TRAINHOOK_REPLICAS": "launcher=1,worker=1", "TRAINHOOK_HOSTS": "launcher=pi-launcher,worker=pi-worker",
@@ -32,12 +33,6 @@ NO_AGENT = control.Setup("kubexec", "")
 # every test here: each worker presents the worker pod's token, the launcher side holds the launcher pod's key.
 CREDENTIALS = MpiGangCredentials()
 mpi_notary = CREDENTIALS.fixture()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gang_env(role: str, port: int, **more: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ from gang_notary import MpiGangCredentials
 from trainhook.launcher.mpi import control
 from trainhook.launcher.mpi import doorman as mpi_doorman
 from trainhook.launcher.pod_view import Peer, parse_gang
+from webhook_process import free_port
 
 CROWD = 400
 DRIP = 8.0
@@ -30,12 +31,6 @@ ENV = {"TRAINHOOK_FRAMEWORK": "mpi", "TRAINHOOK_JOB_NAME": "pi", "TRAINHOOK_NAME
 # CA the webhook injected and the pod's own token; and the gang's key, as the launcher's pod gets it.
 CREDENTIALS = MpiGangCredentials()
 mpi_notary = CREDENTIALS.fixture()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def threads_and_sockets(pid: int) -> tuple[int, int]:
