@@ -110,3 +110,14 @@ def gang_webhook(control_plane, tmp_path_factory):
             yield hook
     finally:
         hook.stop()
+
+
+@pytest.fixture(scope="module")
+def sweeping_notary(control_plane, tmp_path_factory):
+    """`gang_webhook` with the notary's sweep every second (webhook/notary/sweep.py; the chart's is 30 s)."""
+    hook = start_notary(control_plane, tmp_path_factory.mktemp("sweep"), "--notary-sweep-interval", "1")
+    try:
+        with registered(control_plane, hook):
+            yield hook
+    finally:
+        hook.stop()

@@ -15,25 +15,12 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 from kubernetes import client
 
-from cluster_api import start_notary
-from conftest import registered
 from helpers import wait_for
 
 SA = "trainer"
 CONTROLLER = "system:serviceaccount:kube-system:job-controller"
-
-
-@pytest.fixture(scope="module")
-def sweeping_notary(control_plane, tmp_path_factory):
-    hook = start_notary(control_plane, tmp_path_factory.mktemp("sweep"), "--notary-sweep-interval", "1")
-    try:
-        with registered(control_plane, hook):
-            yield hook
-    finally:
-        hook.stop()
 
 
 def gang_job(name: str, completions: int, labeled: bool = True) -> dict:
@@ -91,7 +78,7 @@ def test_finished_gang_jobs_nobody_recorded_are_recorded_and_told_and_a_plain_jo
         pods = {name: make_pods_as_the_job_controller(control_plane, ns, job) for name, job in jobs.items()}
         stored = core.read_namespaced_pod(pods["lost-fail"][1], ns)
         assert "trainhook.dev/provenance" in stored.metadata.annotations  # admitted as the controller's pod
-        plain = batch.create_namespaced_job(ns, gang_job("plain", 1, labeled=False))
+        batch.create_namespaced_job(ns, gang_job("plain", 1, labeled=False))
         plain_pod = wait_for("the plain Job's pod (made by the real Job controller)", lambda: [
             p.metadata.name for p in core.list_namespaced_pod(ns, label_selector="app=plain").items], timeout=60)[0]
 
