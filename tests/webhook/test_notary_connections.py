@@ -83,7 +83,7 @@ def test_a_burst_past_the_total_closes_the_new_connection_not_a_young_pending_on
     """Issue 32: every member of a gang connecting at once. Past the total, a pending connection younger than the
     grace is not evicted: the new one is closed at once (its launcher retries). Once the grace has passed, the
     oldest pending one is evicted again (a member cannot hold its place forever)."""
-    limits = Limits(max_connections=8, per_source=4, pending_grace=1.0, backlog=64)
+    limits = Limits(max_connections=8, per_source=4, pending_grace=1.0, backlog=64, crowded=3)
 
     async def scenario(guard, port, clients):
         for n in range(8):
@@ -101,6 +101,25 @@ def test_a_burst_past_the_total_closes_the_new_connection_not_a_young_pending_on
         await settle()
         assert closed(clients[0]), "past the grace, the oldest pending connection is evicted"
         assert not closed(later) and not any(closed(s) for s in clients[1:8])
+    run(context, limits, scenario)
+
+
+def test_past_the_total_a_crowded_source_has_no_grace(context):
+    """Sources holding `crowded` connections or more (a flood from a few pods, each within its share) lose their
+    oldest pending connection at once when the total is reached, young or not; one-connection sources keep theirs."""
+    limits = Limits(max_connections=8, per_source=4, pending_grace=5.0, backlog=64, crowded=3)
+
+    async def scenario(guard, port, clients):
+        members = [connect(port, f"127.0.5.{n + 1}") for n in range(2)]
+        flood = [connect(port, f"127.0.6.{n // 3 + 1}") for n in range(6)]
+        clients.extend(members + flood)
+        await settle()
+        assert len(guard.open) == 8
+        late = connect(port, "127.0.5.100")
+        clients.append(late)
+        await settle()
+        assert not closed(late) and not any(closed(s) for s in members)
+        assert [closed(s) for s in flood] == [True, False, False, False, False, False]
     run(context, limits, scenario)
 
 
@@ -137,5 +156,6 @@ def test_the_admission_port_keeps_evicting_the_oldest_pending_at_once(context):
 def test_the_notary_limits_fit_a_gang_burst_and_a_source_keeps_its_share():
     assert connections.NOTARY.max_connections >= 1024
     assert connections.NOTARY.per_source == connections.MAX_CONNECTIONS
+    assert 0 < connections.NOTARY.pending_grace < connections.HEAD_DEADLINE and connections.NOTARY.crowded > 1
     assert connections.NOTARY.backlog >= connections.NOTARY.max_connections
     assert Limits().pending_grace == 0 and Limits().per_source == Limits().max_connections == connections.MAX_CONNECTIONS

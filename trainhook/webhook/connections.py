@@ -18,8 +18,9 @@ then say nothing took the server past its memory limit (issue 23). Here the acce
 - a gang's burst (issue 32): its members connect to the notary at once, and on 2 loaded cores their handshakes
   take longer than the next 128 connections take to arrive, so evicting the oldest handshake for each new one
   evicted the one served next, again and again (1,280 members at once: 95,418 evictions in 3 minutes). So past
-  the notary's total a pending connection younger than `pending_grace` is not evicted (the admission port: no
-  grace): the new one is closed at once, before any TLS work, and its launcher retries after a jittered back-off;
+  the notary's total a pending connection younger than `pending_grace`, of a source holding fewer than `crowded`
+  (a pod's launcher, not a flood), is not evicted (the admission port: no grace): the new one is closed at once,
+  before any TLS work, and its launcher retries after a jittered back-off;
 - each TLS connection's read buffer is READ_BUFFER (asyncio's 256 KiB, zeroed at accept, would put 1,024
   connections past the chart's memory limit), and no TLS session ticket is issued (no client here resumes: the
   API server's Go client keeps no session cache, a launcher's calls are a new connection each);
@@ -81,7 +82,8 @@ MAX_CONNECTIONS = int(_env_number("MAX_CONNECTIONS", 128))
 # The notary port's: open connections in all (a gang's members connect at once), and the seconds a pending one
 # is safe from eviction by the total's (its handshake queued behind a burst's).
 NOTARY_MAX_CONNECTIONS = int(_env_number("NOTARY_MAX_CONNECTIONS", 1024))
-PENDING_GRACE = _env_number("PENDING_GRACE", 1.0)
+PENDING_GRACE = _env_number("PENDING_GRACE", 3.0)
+CROWDED = 4  # a source holding this many connections or more (a flood, not a pod's launcher) has no grace
 # Bytes asyncio reads from a TLS socket at once and allocates per connection (a larger body takes more reads).
 READ_BUFFER = 32 * 1024
 # Seconds a handler may wait for a body before its connection is evicted ahead of idle ones when room is needed.
@@ -105,8 +107,9 @@ class Limits:
 
     max_connections: int = MAX_CONNECTIONS
     per_source: int = MAX_CONNECTIONS
-    pending_grace: float = 0.0
+    pending_grace: float = 0.0  # for the connections of a source holding fewer than `crowded`
     backlog: int = 128
+    crowded: int = CROWDED
 
 
 NOTARY = Limits(max(NOTARY_MAX_CONNECTIONS, MAX_CONNECTIONS), MAX_CONNECTIONS, PENDING_GRACE,
@@ -233,7 +236,7 @@ class ConnectionGuard:
         source holding the most; False when every connection is answering a request whose body has arrived, or
         is pending for less than the grace."""
         for conns in sorted(self.sources.values(), key=len, reverse=True):
-            victim = self._victim(conns, self.limits.pending_grace)
+            victim = self._victim(conns, self.limits.pending_grace if len(conns) < self.limits.crowded else 0.0)
             if victim is not None:
                 self.close(*victim)
                 return True
