@@ -314,9 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, default=0, help=f"member processes (default: one per "
                                                              f"{MEMBERS_PER_PROCESS} members)")
     parser.add_argument("--concurrency", type=int, default=96,
-                        help="members asking the notary at once, over all member processes (default %(default)s: "
-                             "under the webhook's 128 connections, connections.MAX_CONNECTIONS; performance.md says "
-                             "what 1,280 at once did)")
+                        help="members asking the notary at once, over all member processes (default %(default)s, "
+                             "as pods starting over some seconds would; performance.md says what 1,500 at once do)")
     parser.add_argument("--one-address", action="store_true",
                         help="every simulated member connects from 127.0.0.1 (default: each from its own loopback "
                              "address, as each pod has its own; the notary bounds connections per address)")
