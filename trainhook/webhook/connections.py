@@ -5,33 +5,28 @@ asyncio's 256 KiB read buffer before its handshake even starts, with no deadline
 or on a request head (aiohttp's only timer is the keep-alive one), so 1,000 clients that open a connection and
 then say nothing took the server past its memory limit (issue 23). Here the accept loop is ours:
 
-- at most `Limits.max_connections` open (handshaking included), at most `per_source` of them from one source
-  address (admission port: MAX_CONNECTIONS both; notary port: NOTARY_MAX_CONNECTIONS, MAX_CONNECTIONS a source).
-  One more from a source at its share evicts one of that source's own; one more past the total, one of the
-  source holding the most (so one pod's flood evicts its own connections, never the API server's or a member's):
-  its oldest connection that has not sent a complete request head yet, else the one whose handler has waited
-  longest (over BODY_STALL) for a body that does not come, else the one idle longest between requests, else any
-  one waiting for its body; a source with none of these is passed over for the next, and with no source left
-  the new connection is closed at once. (A head whose body never came used to be never evicted: 600 of them from
-  one pod kept members from their keys, issue 31 item 3.) A real client's body follows its head within
-  milliseconds, so the connection waiting longest for one is the one that is not sending it;
-- a gang's burst (issue 32): its members connect to the notary at once, and on 2 loaded cores their handshakes
-  take longer than the next 128 connections take to arrive, so evicting the oldest handshake for each new one
-  evicted the one served next, again and again (1,280 members at once: 95,418 evictions in 3 minutes). So past
-  the notary's total a pending connection younger than `pending_grace`, of a source holding fewer than `crowded`
-  (a pod's launcher, not a flood), is not evicted (the admission port: no grace): the new one is closed at once,
-  before any TLS work, and its launcher retries after a jittered back-off;
-- each TLS connection's read buffer is READ_BUFFER (asyncio's 256 KiB, zeroed at accept, would put 1,024
-  connections past the chart's memory limit), and no TLS session ticket is issued (no client here resumes: the
-  API server's Go client keeps no session cache, a launcher's calls are a new connection each);
+- at most `Limits.max_connections` open (handshaking included), `per_source` of them from one source address
+  (admission port: MAX_CONNECTIONS both; notary port: NOTARY_MAX_CONNECTIONS, MAX_CONNECTIONS a source). One more
+  from a source at its share evicts one of its own; one more past the total, one of the source holding the most
+  (one pod's flood evicts its own connections, never the API server's or a member's): its oldest connection
+  without a complete request head yet, else the one whose handler has waited longest (over BODY_STALL) for a body
+  that does not come (a real client's follows its head within milliseconds; such heads once held the notary,
+  issue 31 item 3), else the one idle longest, else any one waiting for its body; a source with none of these is
+  passed over, and with no source left the new connection is closed at once;
+- a gang's burst (issue 32): its members connect to the notary at once, and evicting the oldest handshake for
+  each new one evicted the one served next, again and again (1,280 members: 95,418 evictions in 3 minutes). So
+  past the notary's total a pending connection younger than `pending_grace`, of a source holding fewer than
+  `crowded` (a pod's launcher, not a flood), is not evicted: the new one is closed at once, before any TLS work,
+  and its launcher retries after a jittered back-off (the admission port has no grace);
+- a TLS connection reads into READ_BUFFER (asyncio's 256 KiB would put 1,024 connections past the chart's memory
+  limit); no TLS session ticket is issued (no client here resumes one);
 - HEAD_DEADLINE from accept for the TLS handshake, and from the first byte of a request head, arriving on an
   idle connection, to the complete head;
 - IDLE_TIMEOUT for an idle connection (after the handshake, or between two requests: aiohttp's keepalive_timeout).
   It is longer than the API server's own idle timeout (90 s, Go's http.DefaultTransport, which client-go's webhook
   transport keeps), so the API server closes an idle connection first. A server that closes it first races the API
   server's next review onto the closing connection: the API server does not retry a POST, and the review fails
-  with "failed calling webhook ...: EOF" (seen in CI when this was HEAD_DEADLINE, 5 s). Idle connections are the
-  first to go when the connections are full, so the longer timeout costs no memory bound;
+  with "failed calling webhook ...: EOF" (seen in CI when this was HEAD_DEADLINE, 5 s);
 - request heads bounded by aiohttp's limits (MAX_HEADERS fields of at most MAX_FIELD_SIZE bytes each);
 - bodies that did not come with their head are read within a byte budget shared by all connections
   (`BodyBudget`), so trickled 4 MiB bodies cannot multiply.
