@@ -265,17 +265,17 @@ class ConnectionGuard:
         return (stalled, "evicted: body not sent") if stalled is not None else None
 
     @staticmethod
-    def _victim(conns: dict[Connection, None], grace: float = 0.0) -> tuple[Connection, str] | None:
-        """Which of one source's connections (oldest first) to close; a pending one only after `grace` seconds."""
-        now = asyncio.get_running_loop().time()
-        pending = next((c for c in conns if c.heads == 0 and now - c.accepted >= grace), None)
+    def _victim(conns: dict[Connection, None]) -> tuple[Connection, str] | None:
+        """Which of one source's connections (oldest first) to close (the module docstring's order)."""
+        pending = next((c for c in conns if c.heads == 0), None)
         if pending is not None:
             return pending, "evicted: no request head yet"
         waiting = [c for c in conns if c.body_since is not None]
         stalled = min(waiting, key=lambda c: c.body_since or 0.0) if waiting else None
+        now = asyncio.get_running_loop().time()
         if stalled is not None and now - (stalled.body_since or now) >= BODY_STALL:
             return stalled, "evicted: body not sent"
-        idle = [c for c in conns if c.active == 0 and c.heads]  # (a pending one within its grace is not idle)
+        idle = [c for c in conns if c.active == 0]
         if idle:
             return min(idle, key=lambda c: c.idle_since), "evicted: idle"
         return (stalled, "evicted: body not sent") if stalled is not None else None
