@@ -97,13 +97,15 @@ def proven_member(key: bytes, namespace: str, job: dict, pods: list[dict]) -> Me
     return None
 
 
-def orphan_outcome(job: dict, phase: str, condition: dict, pods: list[dict], key: bytes) -> tuple[dict, Member] | None:
+def orphan_outcome(job: dict, phase: str, condition: dict, pods: list[dict], key: bytes,
+                   member: Member | None = None) -> tuple[dict, Member] | None:
     """The outcome the notary records for a finished, unrecorded gang Job whose pods have all ended, and the
     place that proves it is a gang's anchor; None when it is not that (yet): a pod still runs, nothing proves the
-    Job is an admitted gang, or it is not the anchor (its gang is recorded through rank 0's Job)."""
+    Job is an admitted gang, or it is not the anchor (its gang is recorded through rank 0's Job). `member`: the
+    proof when the caller has already read it (`proven_member`)."""
     meta = job.get("metadata") or {}
     namespace = meta.get("namespace", "")
-    member = proven_member(key, namespace, job, pods)
+    member = member or proven_member(key, namespace, job, pods)
     if member is None or member.role != member.rank0_role or not is_gang_workload(job, member.job_name):
         return None
     if any(running(p) for p in pods):
@@ -142,7 +144,6 @@ class Sweep:
         """`namespaces`: where to look (the chart's rbac.gangNamespaces); empty: every namespace."""
         self.notary, self.authority, self.namespaces, self.interval = notary, authority, namespaces, interval
         self.unproven: dict[str, None] = {}
-        self.recorded = 0
 
     async def run(self) -> None:
         while True:
@@ -173,10 +174,11 @@ class Sweep:
         job_name = lookup(job, keys.JOB_NAME, LABELS)
         gang_job = job_name.template or job_name.workload or name
         pods = await self.authority.list_gang_pods(namespace, gang_job)
-        found = orphan_outcome(job, phase, condition, pods, self.notary.key_now())
+        key = self.notary.key_now()
+        proof = proven_member(key, namespace, job, pods)
+        found = orphan_outcome(job, phase, condition, pods, key, proof) if proof is not None else None
         if found is None:
-            if not any(running(p) for p in pods) and proven_member(self.notary.key_now(), namespace, job,
-                                                                   pods) is None:
+            if proof is None and not any(running(p) for p in pods):
                 self.unproven[uid] = None
                 while len(self.unproven) > MAX_REMEMBERED:
                     self.unproven.pop(next(iter(self.unproven)))
@@ -190,7 +192,6 @@ class Sweep:
         gang = Gang(namespace, member.job_name, anchor, WorkloadRef("Job", name, uid), coordinator=False,
                     roles=tuple(member.shape.roles))
         recorded = await self.notary.record_on(gang, job, outcome)
-        self.recorded += 1
         log.info("a gang whose coordinator is gone was recorded by the sweep",
                  extra={"gang": gang.gang_id, "phase": recorded["phase"], "code": recorded["code"]})
         return f"{namespace}/{member.job_name}"
