@@ -25,7 +25,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from gang_notary import GangNotary, indexed_job  # noqa: E402
+from webhook_process import free_port  # noqa: E402
 
 from trainhook.launcher import deliver  # noqa: E402
 
@@ -51,11 +51,6 @@ STDLIB_ALONE = '''for name in {!r}:
 '''
 IMPORT_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(command: list[str], env: dict[str, str], marker: str | None) -> tuple[float, float, str]:

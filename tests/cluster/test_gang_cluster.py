@@ -14,27 +14,22 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
-from kubernetes import client
-
 from helpers import wait_for
+from kubernetes import client
 from test_notary_cluster import create_gang, imposter_pod, pod_token, scale_up_again
+from webhook_process import free_port
+
 from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, PHASE_TIME
 
 pytestmark = pytest.mark.cluster
 NAME = "solo"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Launcher:

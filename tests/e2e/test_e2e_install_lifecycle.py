@@ -28,7 +28,7 @@ import pytest
 
 from e2e_gangs import delete_gang, phase_of, pods_of, statefulset_gang
 from e2e_helpers import RELEASE, RELEASE_NAMESPACE, REPO, helm, image_values, wait_for
-from trainhook.webhook.notary.gang_key import fingerprint
+from trainhook.webhook.notary.gang_key import fingerprint, key_bytes
 
 CHART = str(REPO / "charts" / "trainhook")
 GANG_KEY_SECRET, TLS_SECRET = f"{RELEASE}-gang-key", f"{RELEASE}-tls"
@@ -69,7 +69,7 @@ def release_status(node) -> str | None:
 
 def secret_fingerprint(node) -> str:
     secret = get(node, "secret", GANG_KEY_SECRET, "-n", RELEASE_NAMESPACE)
-    return fingerprint(base64.b64decode(secret["data"]["gang-key"]).strip())
+    return fingerprint(key_bytes(base64.b64decode(secret["data"]["gang-key"])))
 
 
 def webhook_pods(node) -> list[dict]:

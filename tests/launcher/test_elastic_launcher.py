@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from webhook_process import free_port
 
 from trainhook.gang import keys
 from trainhook.launcher.coordination.coordinator import Coordinator
 from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
-from trainhook.launcher.coordination.report import EXITED, RUNNING, STOPPED, Report
-from trainhook.launcher.pod_view import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.coordination.link import Link
+from trainhook.launcher.coordination.report import EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED
+from trainhook.launcher.pod_view import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.policy import RESTART_GANG, TORCH_DISABLE_SHARED_STORE, GangPolicy, attempt_env, read_settings
 from trainhook.launcher.wait.command import elastic_wait_view
 
@@ -205,11 +205,6 @@ def test_an_elastic_gangs_training_does_not_share_the_rendezvous_store_unless_th
 
 
 # --- a real coordinator, real links ---------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def next_directive(events: queue.SimpleQueue, kind: str, timeout: float = 10.0) -> dict:

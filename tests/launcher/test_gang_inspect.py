@@ -6,24 +6,21 @@ hand; the last part runs real launchers against the real notary (tests/support/g
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
-
 from gang_notary import GangNotary, indexed_job
+from webhook_process import free_port
 
-from trainhook.gang import keys
 from trainhook.cluster.status import format_list, format_status, gang_state, kept_lines
+from trainhook.gang import keys
 from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
-from trainhook.launcher.coordination.report import EXITED, STOPPED, Report
-from trainhook.launcher.pod_view import GangView, Peer
-from trainhook.launcher.coordination.report import MAX_TAIL
 from trainhook.launcher.coordination.failure_cause import command_missing
+from trainhook.launcher.coordination.report import EXITED, MAX_TAIL, STOPPED, Report
+from trainhook.launcher.pod_view import GangView, Peer
 from trainhook.launcher.policy import GangPolicy
-from trainhook.webhook.notary.records import (MAX_LINES, MAX_LINES_BYTES, BadBody, parse_outcome, rank_pods,
-                                              record_patch)
+from trainhook.webhook.notary.records import MAX_LINES, MAX_LINES_BYTES, BadBody, parse_outcome, rank_pods, record_patch
 
 OUTCOME = {"phase": "Failed", "code": 3, "reason": "rank 1 (worker-1 at g-1.g) exited with 3", "rank": 1,
            "time": "2025-01-01T00:10:00Z", "attempt": 2, "restarts": 1, "started": "2025-01-01T00:00:00Z",
@@ -159,11 +156,6 @@ def test_a_missing_command_is_read_from_the_last_lines(code, tail, cause):
 
 
 # --- real launchers, the real notary ------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_solo(notary: GangNotary, pod: dict, command: list[str], tmp_path) -> subprocess.CompletedProcess:

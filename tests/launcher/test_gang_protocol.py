@@ -11,16 +11,16 @@ import sys
 import time
 
 import pytest
-
 from gang_notary import GangNotary, indexed_job
+from webhook_process import free_port
 
 from trainhook.launcher import wire
 from trainhook.launcher.coordination.coordinator import Coordinator
 from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
-from trainhook.launcher.coordination.report import DONE, EXITED, RUNNING, STOPPED, Report
-from trainhook.launcher.pod_view import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.coordination.link import Link
+from trainhook.launcher.coordination.report import DONE, EXITED, RUNNING, STOPPED, Report
 from trainhook.launcher.outcome import EXIT_CODE, PHASE, PHASE_REASON, SUCCEEDED, Outcome
+from trainhook.launcher.pod_view import ConfigError, GangView, Peer, parse_gang
 from trainhook.launcher.policy import FAIL_GANG, RESTART_GANG, GangPolicy, attempt_env, read_settings
 
 TOKEN = b"a" * 64
@@ -364,11 +364,6 @@ def test_the_outcome_is_recorded_as_annotations_and_read_back():
 
 
 # --- a real coordinator and real member links, on loopback --------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def next_directive(events: queue.SimpleQueue, kind: str, timeout: float = 10) -> dict:

@@ -15,20 +15,20 @@ import copy
 import importlib.util
 import json
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from expected import gang_env, stamped, wired
+from helpers import local_summary
+from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
+from webhook_process import free_port
 
 from trainhook.webhook.admission.member import Denied
 from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
-from expected import gang_env, stamped, wired
-from objects import bare_pod, container, indexed_job, pod_of_job, pod_of_statefulset, statefulset
-from helpers import local_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -384,11 +384,6 @@ def test_xgboost_trains_across_local_pods_and_every_worker_ends_with_the_same_mo
     assert env["xgb-worker-1"]["DMLC_TRACKER_URI"] == "xgb-master-0.xgb"
     assert env["xgb-worker-1"]["WORKER_ADDRS"] == "xgb-worker-0.xgb,xgb-worker-1.xgb"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_xgboost_example_also_runs_on_kubeflows_variables_alone(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -15,10 +16,29 @@ import requests
 from trainhook.certs.build import write_bundle
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on, for a server the test starts next (which binds every address). Chosen below
+    the kernel's ephemeral range: a port the kernel handed out (bind to port 0) is also what it hands any outgoing
+    connection of a parallel test, and one such connection made the launcher's later bind fail with `Address already
+    in use` (a CI failure)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, low if low > 11000 else 30000)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port below the ephemeral range after 200 tries")
 
 
 @dataclass

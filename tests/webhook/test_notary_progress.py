@@ -5,7 +5,6 @@ training writes to TRAINHOOK_PROGRESS_FILE to the real webhook's notary (tests/s
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import subprocess
 import sys
@@ -13,8 +12,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from gang_notary import GangNotary, indexed_job
+from webhook_process import free_port
 
 from trainhook.gang import keys
 from trainhook.webhook.notary.progress import Gate, parse_progress, progress_patch, recorded_progress
@@ -76,11 +75,6 @@ with open(os.environ["TRAINHOOK_PROGRESS_FILE"], "a") as f:
 print("trained")
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post_progress(notary: GangNotary, pod: str, body: dict) -> tuple[int, dict]:

@@ -4,24 +4,17 @@ through the real notary (tests/support/gang_notary.py: the webhook process, its 
 
 from __future__ import annotations
 
-import socket
 import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gang_notary import GangNotary, indexed_job
+from prometheus_client.parser import text_string_to_metric_families
+from webhook_process import free_port
 
 from trainhook.webhook.notary.metrics import NotaryMetrics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_gang(notary: GangNotary, job: str, program: str, **env: str) -> subprocess.CompletedProcess:
