@@ -2,11 +2,20 @@
 
 What a member does centrally is the launcher's own code: its credential from the notary (launcher/notary_client.py
 `NotaryClient.gang_key`, with its pod's TokenRequest token, a TLS connection per call as in a pod), and its link to
-rank 0's coordinator (launcher/coordination/link.py `Link`: greeting, nonces, the signed join, reports). What it
-does not do is run a training process per member (10,000 processes on 2 cores): a member answers the coordinator's
-directives as MemberLauncher does with a training that starts at once and stops at once (`start` -> running,
-`stop` -> stopped with 143, `done` -> acknowledged), and the parent tells one member to fail (exit 137, a training
-killed: restart-gang retries it) and every member to finish (exit 0).
+rank 0's coordinator (launcher/coordination/link.py `Link`). What it does not do is run a training process per
+member (10,000 processes on 2 cores): a member answers the coordinator's directives as MemberLauncher does with a
+training that starts at once and stops at once (`start` -> running, `stop` -> stopped with 143, `done` ->
+acknowledged), and the parent tells one member to fail (exit 137, a training killed: restart-gang retries it) and
+every member to finish (exit 0).
+
+A Link is a thread per member, as in a pod; 10,000 of them (in 20 processes) woke at once on every broadcast and
+the machine ran out (docs/develop/performance.md). So the simulated members keep the Link object but not its
+thread: the link's own `_connect` (connect, greeting and nonces, the signed join, the checked welcome) runs on a
+small pool, its own `update` sends reports (signed by its wire.Channel), and what its thread would do, a blocking
+read of the next checked message, is one `selectors` loop for the process that hands each socket's bytes to that
+member's own wire.Channel (`receive`: order, signature) and puts what it says on the member's queue as Link.run
+does. Re-implemented here, and only here: that read loop and the reconnect after a loss (Link.run's: the target
+forgotten, `_connect` again with the same backoff). Rank 0's own member runs the real Link thread.
 
     python bench/gang_scale_members.py members --gang FILE --ranks A:B --tokens DIR --go-at T
     python bench/gang_scale_members.py coordinator --gang FILE --tokens DIR
@@ -21,6 +30,8 @@ import argparse
 import http.client
 import json
 import queue
+import selectors
+import socket
 import sys
 import threading
 import time
@@ -32,14 +43,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainhook.launcher import ending  # noqa: E402
-from trainhook.launcher.coordination.link import Link  # noqa: E402
+from trainhook.launcher import wire  # noqa: E402
+from trainhook.launcher.coordination.link import LINK_FLOOR, Link, describe_error  # noqa: E402
 from trainhook.launcher.coordination.report import DONE, EXITED, RUNNING, STOPPED, Report  # noqa: E402
 from trainhook.launcher.notary_client import NotaryClient  # noqa: E402
 from trainhook.launcher.outcome import Outcome  # noqa: E402
 from trainhook.launcher.pod_view import GangView, parse_gang  # noqa: E402
 from trainhook.launcher.policy import LaunchSettings, read_settings  # noqa: E402
+from trainhook.launcher.reach import Backoff, retry_floor  # noqa: E402
 
-threading.stack_size(256 * 1024)  # a thousand Link threads per process: small stacks
+threading.stack_size(256 * 1024)  # small stacks for the pools' threads
+CONNECTING = 4  # members of a process connecting to the coordinator at once (the pool that runs Link._connect)
 
 
 EMIT = threading.Lock()
@@ -100,13 +114,16 @@ def pod_address(rank: int) -> str:
 
 
 class Members:
-    """Simulated members: each a NotaryClient and a Link; one thread answers every member's directives."""
+    """Simulated members: each a NotaryClient and a Link. With `looped` (the simulated members' processes) the
+    links' sockets are read by one selectors loop; without (rank 0's own member) each Link runs its own thread,
+    as in a pod. One thread answers every member's directives."""
 
     def __init__(self, gang: GangView, settings: LaunchSettings, ranks: range, tokens: Path, threads: int = 1,
-                 own_addresses: bool = True):
+                 own_addresses: bool = True, looped: bool = True):
         self.gang, self.settings, self.ranks, self.tokens = gang, settings, ranks, tokens
         self.threads = threads  # members of this process asking the notary at once
         self.own_addresses = own_addresses  # each member from its own address, as pods are (else all 127.0.0.1)
+        self.looped = looped
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.links: dict[int, Link] = {}
         self.reports: dict[int, Report] = {}
@@ -114,6 +131,13 @@ class Members:
         self.lock = threading.Lock()
         self.failures: list[str] = []
         self.retries: list[str] = []  # the launcher's "waiting for the gang's key" lines: the notary said not yet
+        self.lost: list[str] = []  # every connection to the coordinator lost mid-run: "rank: why"
+        self.connect_errors: list[str] = []  # every failed Link._connect (retried)
+        self.fresh: queue.SimpleQueue = queue.SimpleQueue()  # (rank, channel) connected, for the loop to read
+        self.connector = ThreadPoolExecutor(CONNECTING) if looped else None
+        if looped:
+            self.selector = selectors.DefaultSelector()
+            self.wake_loop, self.woken = socket.socketpair()
 
     def mark(self, what: str, rank: int) -> None:
         with self.lock:
@@ -143,10 +167,73 @@ class Members:
         report = self.reports[rank] = Report()
         link = Link(as_rank(self.gang, rank), replace(self.settings, key=key), Tagged(rank, self.events), report)
         self.links[rank] = link
-        link.start()
+        if self.connector is not None:
+            self.connector.submit(self.connect, rank)
+        else:
+            link.start()
+
+    def connect(self, rank: int) -> None:
+        """Link.run's connecting part, on the pool: the link's own _connect, retried with its backoff."""
+        link, backoff = self.links[rank], Backoff(LINK_FLOOR)
+        while True:
+            try:
+                channel = link._connect()  # queues ("connected",) and the welcome, as in a pod
+                break
+            except (OSError, wire.RejectedMessage, ValueError) as e:
+                self.connect_errors.append(f"{rank}: {describe_error(e)}")
+                time.sleep(backoff.next(retry_floor(e, LINK_FLOOR)))
+        self.fresh.put((rank, channel))
+        self.wake_loop.send(b"x")
+
+    def loop(self) -> None:
+        """What every Link thread of the process would do, for all of them: read each connection's next messages,
+        checked by its own wire.Channel, onto the member's queue; a lost connection is connected again."""
+        self.selector.register(self.woken, selectors.EVENT_READ, None)
+        while True:
+            for key, _ in self.selector.select():
+                if key.data is None:
+                    self.woken.recv(4096)
+                    while not self.fresh.empty():
+                        rank, channel = self.fresh.get()
+                        self.selector.register(channel.sock, selectors.EVENT_READ, (rank, channel))
+                        self.read(rank, channel, b"")  # what _connect's reader took in past the welcome
+                    continue
+                rank, channel = key.data
+                try:
+                    chunk = channel.sock.recv(65536)
+                except OSError as e:
+                    self.drop(rank, channel, describe_error(e))
+                    continue
+                if not chunk:
+                    self.drop(rank, channel, "the connection closed")
+                else:
+                    self.read(rank, channel, chunk)
+
+    def read(self, rank: int, channel: wire.Channel, chunk: bytes) -> None:
+        channel.reader.buffer += chunk
+        try:
+            while b"\n" in channel.reader.buffer:  # a whole line: Channel.receive reads it without a recv
+                body = channel.receive()
+                self.events.put((rank, ("directive", body)))
+        except wire.RejectedMessage as e:
+            self.drop(rank, channel, f"refused a message from the coordinator: {e}")
+
+    def drop(self, rank: int, channel: wire.Channel, why: str) -> None:
+        """Link.run after a lost connection: forget it, tell the member, connect again."""
+        self.selector.unregister(channel.sock)
+        link = self.links[rank]
+        with link.lock:
+            link.channel = None
+        channel.close()
+        link.target.lost()
+        self.events.put((rank, ("lost", why)))
+        assert self.connector is not None
+        self.connector.submit(self.connect, rank)
 
     def start(self) -> None:
         threading.Thread(target=self.answer, daemon=True, name="members").start()
+        if self.looped:
+            threading.Thread(target=self.loop, daemon=True, name="links").start()
         pool = ThreadPoolExecutor(max(1, min(self.threads, len(self.ranks))))
         for rank in self.ranks:
             pool.submit(self.join, rank)
@@ -163,6 +250,8 @@ class Members:
             rank, event = self.events.get()
             if event[0] == "connected":
                 self.mark("joined", rank)
+            if event[0] == "lost":
+                self.lost.append(f"{rank}: {event[1]}")
             if event[0] != "directive":
                 continue
             body, report = event[1], self.reports[rank]
@@ -189,6 +278,14 @@ class Members:
                 self.update(rank, replace(self.reports[rank], status=EXITED, code=0))
                 self.mark("finish", rank)
 
+    def summary(self) -> dict:
+        """How many of this process's members went through each phase, and what went wrong on the way."""
+        with self.lock:
+            counts = {what: len(seen) for what, seen in self.times.items()}
+        return {"counts": counts, "lost": len(self.lost), "lost_why": self.lost[:5],
+                "connect_errors": len(self.connect_errors), "connect_errors_why": self.connect_errors[:5],
+                "failures": self.failures[:5]}
+
 
 def run_members(args) -> int:
     gang, settings = load_gang(args.gang, args.port)
@@ -201,8 +298,7 @@ def run_members(args) -> int:
         if not words or words[0] == "quit":
             break
         members.command(words)
-    emit("times", times={k: {str(r): t for r, t in v.items()} for k, v in members.times.items()},
-         failures=members.failures[:5])
+    emit("summary", **members.summary())
     return 0
 
 
@@ -222,7 +318,7 @@ def run_coordinator(args) -> int:
     coordinator = Coordinator(gang, settings.policy, key, settings.port, log=say)
     coordinator.start()
     emit("listening", port=settings.port, threads=threading.active_count())
-    members = Members(gang, settings, range(0, 1), Path(args.tokens))
+    members = Members(gang, settings, range(0, 1), Path(args.tokens), looped=False)  # a Link thread, as in a pod
     members.start()
     for line in sys.stdin:
         words = line.split()
@@ -240,8 +336,7 @@ def run_coordinator(args) -> int:
                  said=said, outcome=outcome.to_dict() if outcome else None)
         else:
             members.command(words)
-    emit("times", times={k: {str(r): t for r, t in v.items()} for k, v in members.times.items()},
-         threads=coordinator.threads())
+    emit("summary", **members.summary(), threads=coordinator.threads())
     coordinator.close()
     return 0
 

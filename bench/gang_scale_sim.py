@@ -7,7 +7,8 @@ headless Service and StatefulSet admitted by it and its N pods created by the re
 admitted by it, one TokenRequest token per pod bound to that pod with audience `trainhook` (what the kubelet projects
 into the pod), and rank 0's launcher code (the real Coordinator) in a process of its own on loopback.
 Simulated: the members, many per process (bench/gang_scale_members.py), each running the launcher's own
-NotaryClient.gang_key and Link; they run no training (a `start` is answered at once) and everything shares 2 cores.
+NotaryClient.gang_key and Link (its sockets read by one selectors loop per process, not a thread each); they run no
+training (a `start` is answered at once) and everything shares 2 cores.
 
 The run: every member asks the notary for the gang's key at once and joins the coordinator; the barrier starts
 attempt 1; member 1 fails with 137 under restart-gang (an in-place restart round: every member stopped, attempt 2
@@ -53,7 +54,7 @@ NOTARY_CALLS = {("POST", "tokenreviews", ""), ("GET", "pods", ""), ("LIST", "pod
                 ("GET", "statefulsets", ""), ("GET", "jobs", ""), ("PATCH", "statefulsets", ""),
                 ("GET", "statefulsets", "scale"), ("PATCH", "statefulsets", "scale"),
                 ("UPDATE", "statefulsets", "scale")}
-MEMBERS_PER_PROCESS = 500  # simulated members in one process (each a Link thread; TLS handshakes hold its GIL)
+MEMBERS_PER_PROCESS = 500  # simulated members in one process (one loop reads their links; TLS handshakes hold its GIL)
 
 
 def proc_cpu(pid: int) -> float:
@@ -124,7 +125,8 @@ class Child:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.events: list[dict] = []
         self.changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -147,7 +149,8 @@ class Child:
                     if e["event"] == event and all(e.get(k) == v for k, v in match.items()):
                         return e
                 failed = [e for e in self.events if e["event"] == "failed"]
-                if failed or self.process.poll() is not None or time.monotonic() > deadline:
+                ended = self.process.poll() is not None and not self.reader.is_alive()  # and every line read
+                if failed or ended or time.monotonic() > deadline:
                     raise RuntimeError(f"no {event} {match} from pid {self.process.pid} within {timeout:g} s: "
                                        f"{failed[:2] or self.events[-3:]}")
                 self.changed.wait(1.0)
@@ -198,7 +201,7 @@ def span(events: list[dict], what: str) -> tuple[float, float]:
 
 
 def simulate(args, workdir: Path, log) -> dict:
-    cp = cluster.start(workdir / "control-plane")
+    cp = cluster.start(workdir / "control-plane", kube_api_qps=args.kube_api_qps, kube_api_burst=args.kube_api_burst)
     children: list[Child] = []
     hook = None
     try:
@@ -277,6 +280,16 @@ def simulate(args, workdir: Path, log) -> dict:
         coordinator_cpu = proc_cpu(coordinator) - coordinator_cpu
         ended = proc_status(coordinator)
         outcome_calls = notary_calls(record_calls, api_counts(api))
+        for child in reversed(children):  # the members first: rank 0's coordinator closing is not a loss mid-run
+            child.send("quit")
+            child.wait(60, "summary")
+        summaries = [child.wait(60, "summary") for child in children]
+        phases: dict[str, int] = {}
+        for summary in summaries:
+            for what, count in summary["counts"].items():
+                phases[what] = phases.get(what, 0) + count
+        lost = [why for summary in summaries for why in summary["lost_why"]]
+        log(f"members through each phase {phases}; connections lost {sum(s['lost'] for s in summaries)} {lost[:3]}")
         log(f"outcome: {recorded['outcome'] and recorded['outcome']['phase']}, recorded {recorded['said']!r}")
         return {**result, "api_calls_per_member": sum(calls.values()) / args.members, "api_calls": calls,
                 "credential_s": last_key - first_asked, "credential_retries": retries,
@@ -299,6 +312,14 @@ def simulate(args, workdir: Path, log) -> dict:
                 "coordinator_threads": max(assembled["threads"], ended["threads"]),
                 "coordinator_fds": assembled["fds"], "member_processes": len(members),
                 "concurrency": args.concurrency, "one_address": args.one_address,
+                # how many members went through each phase (asked, key, joined, start1, stop1, fail, start2, finish,
+                # done), and the members' connections to the coordinator lost mid-run (each a spurious restart
+                # round under restart-gang) or refused at their connect (retried)
+                "phases": phases, "member_connections_lost": sum(s["lost"] for s in summaries),
+                "member_connections_lost_why": lost[:5],
+                "member_connect_retries": sum(s["connect_errors"] for s in summaries),
+                "member_connect_retries_why": [w for s in summaries for w in s["connect_errors_why"]][:5],
+                "kube_api_qps": args.kube_api_qps, "kube_api_burst": args.kube_api_burst,
                 "load1": os.getloadavg()[0]}
     finally:
         for child in reversed(children):  # the members first: losing rank 0 is not what they should report
@@ -319,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-address", action="store_true",
                         help="every simulated member connects from 127.0.0.1 (default: each from its own loopback "
                              "address, as each pod has its own; the notary bounds connections per address)")
+    parser.add_argument("--kube-api-qps", type=int, default=200,
+                        help="the controller-manager's requests a second to the API server (its own default, 0 "
+                             "here, is 20: 10,000 pods took 8 minutes to create); a real cluster's has the same flag")
+    parser.add_argument("--kube-api-burst", type=int, default=400, help="its burst (0: its own default, 30)")
     parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else on stdout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, tokens)")
     args = parser.parse_args(argv)

@@ -183,7 +183,7 @@ def _https_get(url: str, ctx: ssl.SSLContext, timeout: float = 2.0) -> tuple[int
 def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: float = 90.0,
           wait_for_controllers: bool = True, die_with_parent: bool = True, verbosity: int = 1,
           bins: Path | None = None, address: str = "127.0.0.1", ca: KeyPair | None = None,
-          extra_apiserver_args: list[str] = ()) -> ControlPlane:
+          extra_apiserver_args: list[str] = (), kube_api_qps: int = 0, kube_api_burst: int = 0) -> ControlPlane:
     """Start etcd, kube-apiserver, kube-controller-manager (and kube-scheduler) and wait until the API
     answers /readyz and the controllers have given the `default` ServiceAccount its token.
 
@@ -193,7 +193,11 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
     For a node (hack/node.py): `address` binds and advertises the API server on an address pods reach (its
     serving certificate names it, and the `kubernetes` Service's endpoint is kept there by the lease
     reconciler); `ca` is the cluster's CA when the caller signs its own components' certificates with it;
-    `extra_apiserver_args` are appended (the kubelet client certificate, say)."""
+    `extra_apiserver_args` are appended (the kubelet client certificate, say).
+
+    `kube_api_qps`/`kube_api_burst` (0: the controller-manager's own defaults, 20 and 30 requests a second):
+    its client's rate to the API server, the same flags a real cluster's controller-manager has. The default
+    makes a StatefulSet of 10,000 pods take 8 minutes; bench/gang_scale_sim.py raises it for large gangs."""
     bins = bins or ensure_binaries()
     state_dir = Path(state_dir or tempfile.mkdtemp(prefix="trainhook-k8s-")).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -248,6 +252,8 @@ def start(state_dir: Path | None = None, *, scheduler: bool = False, timeout: fl
             "--service-cluster-ip-range", SERVICE_CIDR,
             "--leader-elect=false", "--port", "0", "--secure-port", "0", "--profiling=false",
             "--v", str(verbosity),
+            *([f"--kube-api-qps={kube_api_qps}"] if kube_api_qps else []),
+            *([f"--kube-api-burst={kube_api_burst}"] if kube_api_burst else []),
         ],
     }
     if scheduler:
