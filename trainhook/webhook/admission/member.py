@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from trainhook.gang import keys
 from trainhook.gang import shape as model
@@ -69,7 +70,7 @@ def parse_shape(text: str, framework: str, problems: Problems) -> Shape | None:
     only, at most MAX_GANG_SIZE members; roles come back in the framework's rank order."""
     order = keys.ROLES.get(framework, ())
     try:
-        shape = model.parse_shape(text, order)
+        shape = _ordered_shape(text, order)
     except ShapeError as e:
         why, fix = {
             model.ROLE: (f"{e.part!r} is not a {framework} role", f"use roles from {', '.join(order)}"),
@@ -81,7 +82,14 @@ def parse_shape(text: str, framework: str, problems: Problems) -> Shape | None:
         return None
     if not check_gang_size(shape.size, keys.REPLICAS, text, problems):
         return None
-    return shape.in_order(order)
+    return shape
+
+
+@lru_cache(maxsize=256)
+def _ordered_shape(text: str, order: tuple[str, ...]) -> Shape:
+    """`model.parse_shape` in the framework's rank order, remembered: every pod of a gang carries the same text,
+    and a Shape is immutable (a ShapeError is raised again each time, never remembered)."""
+    return model.parse_shape(text, order).in_order(order)
 
 
 @dataclass(frozen=True)

@@ -316,7 +316,8 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     created it: a pod that names a StatefulSet or Job as its controller must be that controller's."""
     pod = writable(pod)
     problems = Problems()
-    provenance.check_creator(pod, user, settings.controller_users, problems)
+    owner_ref = provenance.controller_ref(pod)
+    provenance.check_creator(owner_ref, user, settings.controller_users, problems)
     annotations = pod.get("metadata", {}).get("annotations") or {}
     spec = pod.setdefault("spec", {})
     container = training_container(spec, annotations, problems)
@@ -324,8 +325,7 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     if member is None or container is None:
         return pod, problems
     gpus = gpu_count(container)
-    kind, owner = controller_of(pod)
-    workload = f"{kind}/{owner}" if kind else f"Pod/{pod['metadata'].get('name', '')}"
+    workload = f"{owner_ref[0]}/{owner_ref[1]}" if owner_ref else f"Pod/{pod['metadata'].get('name', '')}"
     gang = gang_env(member, settings)
     injected = (framework_env(member, gpus, problems) + gang
                 + lifecycle_env(member, workload, spec.get("restartPolicy", "Always")))
@@ -343,16 +343,16 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
     if not (delivered and delivered_by_configmap(spec)):  # else the launcher's own barrier is the gang wait
         set_gang_wait(spec, member, gang, settings, delivered, identity)
     set_gang_scheduling(pod, member, problems, warnings)
-    set_provenance(pod, namespace, settings.gang_key)
+    set_provenance(pod, namespace, settings.gang_key, owner_ref)
     return pod, problems
 
 
-def set_provenance(pod: dict, namespace: str, key: bytes) -> None:
+def set_provenance(pod: dict, namespace: str, key: bytes, owner_ref: tuple[str, str, str] | None) -> None:
     """Stamp which controller made the pod (provenance.py), replacing any stamp its creator wrote; none without a
     key (no notary) or a controller (a bare pod)."""
     meta = pod["metadata"] = dict(pod.get("metadata") or {})
     annotations = dict(meta.get("annotations") or {})
-    stamped = provenance.stamp(key, namespace, pod)
+    stamped = provenance.stamp(key, namespace, pod, owner_ref)
     if stamped is None:
         annotations.pop(keys.PROVENANCE, None)
     else:

@@ -17,7 +17,6 @@ Pure functions; the key comes in Settings, as every other input.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 
 from trainhook.gang import keys
@@ -40,11 +39,12 @@ def controller_ref(pod: dict) -> tuple[str, str, str] | None:
     return None
 
 
-def check_creator(pod: dict, user: str, extra_users: tuple[str, ...], problems: Problems) -> None:
-    """Refuse a gang pod that names a StatefulSet or Job as its controller but was not created by that controller.
-    `user` is the review's userInfo.username ("" when the review carries none: nothing is refused then, as for a
-    webhook called by tests without a user); `extra_users` are the operator's additions (--controller-users)."""
-    owner = controller_ref(pod)
+def check_creator(owner: tuple[str, str, str] | None, user: str, extra_users: tuple[str, ...],
+                  problems: Problems) -> None:
+    """Refuse a gang pod whose controller `owner` (controller_ref) is a StatefulSet or Job, but which that
+    controller did not create. `user` is the review's userInfo.username ("" when the review carries none: nothing
+    is refused then, as for a webhook called by tests without a user); `extra_users` are the operator's additions
+    (--controller-users)."""
     if owner is None or owner[0] not in CONTROLLER_USERS or not user:
         return
     allowed = CONTROLLER_USERS[owner[0]] + extra_users
@@ -56,10 +56,9 @@ def check_creator(pod: dict, user: str, extra_users: tuple[str, ...], problems: 
                      f"controller-manager runs as another user, give it to the webhook (--controller-users)")
 
 
-def _claim(namespace: str, pod: dict) -> bytes | None:
+def _claim(namespace: str, pod: dict, owner: tuple[str, str, str] | None) -> bytes | None:
     """What the stamp vouches for, or None for a pod no StatefulSet or Job controls (a bare pod: nothing to stamp;
     a bare gang's outcome touches no workload)."""
-    owner = controller_ref(pod)
     if owner is None or owner[0] not in CONTROLLER_USERS:
         return None
     meta = pod.get("metadata") or {}
@@ -69,12 +68,13 @@ def _claim(namespace: str, pod: dict) -> bytes | None:
     return "\0".join(("trainhook provenance", STAMP_VERSION, namespace, *owner, job, place)).encode()
 
 
-def stamp(key: bytes, namespace: str, pod: dict) -> str | None:
-    """The stamp of a controller-made gang pod under `key`, or None (no key, or no controller to vouch for)."""
-    claim = _claim(namespace, pod)
+def stamp(key: bytes, namespace: str, pod: dict, owner: tuple[str, str, str] | None = None) -> str | None:
+    """The stamp of a controller-made gang pod under `key`, or None (no key, or no controller to vouch for).
+    `owner` is the pod's controller_ref when the caller has it (admission reads it once per pod)."""
+    claim = _claim(namespace, pod, owner if owner is not None else controller_ref(pod))
     if not key or claim is None:
         return None
-    return f"{STAMP_VERSION} {hmac.new(key, claim, hashlib.sha256).hexdigest()}"
+    return f"{STAMP_VERSION} {hmac.digest(key, claim, 'sha256').hex()}"
 
 
 def verify(key: bytes, namespace: str, pod: dict) -> bool:
