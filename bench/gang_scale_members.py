@@ -135,6 +135,7 @@ class Members:
         self.connect_errors: list[str] = []  # every failed Link._connect (retried)
         self.fresh: queue.SimpleQueue = queue.SimpleQueue()  # (rank, channel) connected, for the loop to read
         self.connector = ThreadPoolExecutor(CONNECTING) if looped else None
+        self.closing = threading.Event()  # `quit`: the run is over, rank 0's coordinator going away is no loss
         if looped:
             self.selector = selectors.DefaultSelector()
             self.wake_loop, self.woken = socket.socketpair()
@@ -221,6 +222,9 @@ class Members:
     def drop(self, rank: int, channel: wire.Channel, why: str) -> None:
         """Link.run after a lost connection: forget it, tell the member, connect again."""
         self.selector.unregister(channel.sock)
+        if self.closing.is_set():
+            channel.close()
+            return
         link = self.links[rank]
         with link.lock:
             link.channel = None
@@ -280,6 +284,7 @@ class Members:
 
     def summary(self) -> dict:
         """How many of this process's members went through each phase, and what went wrong on the way."""
+        self.closing.set()
         with self.lock:
             counts = {what: len(seen) for what, seen in self.times.items()}
         return {"counts": counts, "lost": len(self.lost), "lost_why": self.lost[:5],
