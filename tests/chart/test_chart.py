@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import base64
 import copy
-import datetime as dt
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,53 +19,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from chart_render import CHART, GET_HELM, HelmError, find, find_all, helm_binary, render_chart, render_notes, run_helm
+from chart_render import CHART, GET_HELM, HelmError, find, find_all, helm_binary, render_chart, run_helm
+from chart_sets import (CA_PEM, DATA, FULL_VALUES_FILE, NAMESPACE, VALUE_SETS, find_secret_volume, merged, value_sets,
+                        webhook_container)
 from trainhook.gang import keys
-from trainhook.certs.build import build_ca
-from trainhook.webhook import server
-from trainhook.webhook.settings import DEFAULT_LAUNCHER_IMAGE
 
-DATA = Path(__file__).parent / "data"
-FULL_VALUES_FILE = DATA / "values-full.yaml"
-FULL = yaml.safe_load(FULL_VALUES_FILE.read_text())
 CERT_MANAGER_SCHEMA = json.loads((DATA / "cert-manager-v1.schema.json").read_text())
-NAMESPACE = "ml-platform"
-CA_PEM = build_ca("trainhook-test-ca", dt.datetime.now(dt.timezone.utc)).cert_pem.decode()
 CERT_MANAGER_KINDS = {"Certificate", "Issuer"}
-
-
-def merged(base: dict, override: dict) -> dict:
-    """`override` deep-merged over `base`, as Helm merges values files."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-SECRET_MODE = {"certificates": {"mode": "secret", "secretName": "user-tls", "caBundle": CA_PEM}}
-VALUE_SETS: dict[str, dict] = {
-    "self-managed": {},
-    "self-managed-full": FULL,
-    "cert-manager": {"certificates": {"mode": "cert-manager"}},
-    "cert-manager-full": merged(FULL, {"certificates": {"mode": "cert-manager", "certManager": {
-        "issuerRef": {"name": "corporate-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}}),
-    "secret": SECRET_MODE,
-    # The caBundle as base64 of the PEM this time, and a Secret name of the user's.
-    "secret-full": merged(FULL, {"certificates": {"mode": "secret", "secretName": "corp-issued-tls",
-                                                  "caBundle": base64.b64encode(CA_PEM.encode()).decode()}}),
-    "single-replica": {"replicaCount": 1},
-}
-MODE_OF = {name: merged({"certificates": {"mode": "self-managed"}}, values)["certificates"]["mode"]
-           for name, values in VALUE_SETS.items()}
-
-
-def value_sets(mode: str | None = None) -> list[str]:
-    return [name for name in VALUE_SETS if mode is None or MODE_OF[name] == mode]
-
-
-@pytest.fixture(scope="session")
-def rendered() -> dict[str, list[dict]]:
-    return {name: render_chart(values, NAMESPACE) for name, values in VALUE_SETS.items()}
 
 
 def kubernetes_versions() -> list[str]:
@@ -86,20 +44,6 @@ RENDERS_DIFFER_BEFORE = (1, 27)
 @functools.cache
 def rendered_for(version: str) -> dict[str, list[dict]]:
     return {name: render_chart(values, NAMESPACE, kube_version=f"{version}.0") for name, values in VALUE_SETS.items()}
-
-
-def webhook_container(manifests: list[dict]) -> dict:
-    deployment = find(manifests, "Deployment")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return container
-
-
-def literal_env(container: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
-
-
-def rules_of(manifests: list[dict], kind: str, name: str) -> list[dict]:
-    return find(manifests, kind, name)["rules"]
 
 
 # --- Helm itself -------------------------------------------------------------------------------------------------
@@ -345,150 +289,6 @@ def test_secret_mode_serves_the_users_secret_and_trusts_the_users_ca(rendered, n
     assert "optional" not in find_secret_volume(manifests)
 
 
-def find_secret_volume(manifests: list[dict]) -> dict:
-    deployment = find(manifests, "Deployment")
-    (mount,) = [m for m in webhook_container(manifests)["volumeMounts"] if m["mountPath"] == "/tls"]
-    assert mount["readOnly"] is True and "subPath" not in mount  # subPath mounts never see a rotated Secret
-    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
-    return volume["secret"]
-
-
-# --- The webhook's Deployment ------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name", list(VALUE_SETS))
-def test_the_webhook_pod_is_hardened(rendered, name):
-    pod = find(rendered[name], "Deployment")["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    context = webhook_container(rendered[name])["securityContext"]
-    assert context["runAsNonRoot"] is True
-    assert context["readOnlyRootFilesystem"] is True
-    assert context["allowPrivilegeEscalation"] is False
-    assert context["privileged"] is False
-    assert context["capabilities"] == {"drop": ["ALL"]}
-    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert "hostNetwork" not in pod and "hostPID" not in pod
-
-
-def test_the_user_ids_are_values_and_can_be_left_to_the_platform():
-    pod = find(render_chart({"podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None}},
-                            NAMESPACE), "Deployment")["spec"]["template"]["spec"]
-    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-
-
-@pytest.mark.parametrize("name", list(VALUE_SETS))
-def test_the_webhook_is_probed_over_https_and_has_resources(rendered, name):
-    container = webhook_container(rendered[name])
-    for probe, path in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz"), ("startupProbe", "/healthz")]:
-        assert container[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}, probe
-    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
-
-
-def test_default_deployment_runs_two_spread_replicas_behind_a_disruption_budget(rendered):
-    manifests = rendered["self-managed"]
-    deployment = find(manifests, "Deployment")
-    assert deployment["spec"]["replicas"] == 2
-    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
-        "preferredDuringSchedulingIgnoredDuringExecution"]
-    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod_labels.items()
-    budget = find(manifests, "PodDisruptionBudget")
-    assert budget["spec"]["minAvailable"] == 1
-    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-
-
-def test_a_single_replica_gets_no_budget_that_would_block_drains(rendered):
-    assert find(rendered["single-replica"], "Deployment")["spec"]["replicas"] == 1
-    assert find_all(rendered["single-replica"], "PodDisruptionBudget") == []
-    assert "WARNING: replicaCount is 1" in render_notes({"replicaCount": 1}, NAMESPACE)
-
-
-def test_non_default_values_reach_the_deployment(rendered):
-    manifests = rendered["self-managed-full"]
-    deployment = find(manifests, "Deployment")
-    pod = deployment["spec"]["template"]
-    container = webhook_container(manifests)
-    assert deployment["metadata"]["name"] == "ml-trainhook"
-    assert deployment["spec"]["replicas"] == 3
-    assert find(manifests, "PodDisruptionBudget")["spec"]["minAvailable"] == 2
-    assert container["image"] == "registry.example.com/ml/trainhook-webhook:0.1.0-rc1"
-    assert container["imagePullPolicy"] == "Always"
-    assert container["resources"] == FULL["resources"]
-    assert "--log-level=DEBUG" in container["args"]
-    assert pod["spec"]["nodeSelector"] == FULL["nodeSelector"]
-    assert pod["spec"]["affinity"] == FULL["affinity"]  # replaces the default anti-affinity
-    assert pod["spec"]["tolerations"] == FULL["podTolerations"]
-    assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
-    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry-example"}]
-    assert pod["spec"]["serviceAccountName"] == "trainhook-webhook"
-    assert FULL["podAnnotations"].items() <= pod["metadata"]["annotations"].items()
-    assert pod["spec"]["securityContext"]["runAsUser"] == 10001
-    assert find(manifests, "ServiceAccount", "trainhook-webhook")["metadata"]["annotations"] == {
-        "example.com/purpose": "admission"}
-    # The notary's port, the gang key's Secret of the user's and the NetworkPolicy (details: test_chart_notary.py,
-    # test_chart_lifecycle.py, test_chart_hardening.py).
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert {p["containerPort"] for p in container["ports"]} == {9443, 9444}
-    assert env["TRAINHOOK_WEBHOOK_GANG_KEY_SECRET"] == "ml-platform-gang-key"
-    assert env["TRAINHOOK_WEBHOOK_GANG_KEY_CREATE"] == "false"
-    admission, notary = find(manifests, "NetworkPolicy")["spec"]["ingress"]
-    assert admission["from"] == [{"ipBlock": {"cidr": cidr}} for cidr in FULL["networkPolicy"]["apiServerCIDRs"]] + \
-        FULL["networkPolicy"]["apiServerPeers"]
-    assert notary == {"ports": [{"port": 9444, "protocol": "TCP"}]}
-
-
-@pytest.mark.parametrize("name", ["self-managed", "self-managed-full"])
-def test_the_servers_own_argument_parser_reads_what_the_chart_sets(rendered, name, monkeypatch):
-    """The Deployment's args and environment, through the server's real parser: the chart speaks its language."""
-    values = merged(yaml.safe_load((CHART / "values.yaml").read_text()), VALUE_SETS[name])
-    container = webhook_container(rendered[name])
-    assert container["command"] == ["trainhook-webhook"]
-    for variable in [v for v in os.environ if v.startswith("TRAINHOOK_WEBHOOK_")]:
-        monkeypatch.delenv(variable)
-    for variable, value in literal_env(container).items():
-        monkeypatch.setenv(variable, value)
-    args = server.parse_args(container["args"])
-    # self-managed serves what it keeps in its Secret from --cert-dir: no mounted files
-    assert (args.tls_cert, args.tls_key, args.port) == (None, None, 9443)
-    assert args.certs.cert_dir == "/tmp/trainhook-certs"
-    assert args.gang_key_secret == (values["gangKey"]["existingSecret"]
-                                    or f"{find(rendered[name], 'Deployment')['metadata']['name']}-gang-key")
-    assert args.gang_key_create == (not values["gangKey"]["existingSecret"])  # a Secret of the user's: only read
-    launcher = values["launcherImage"]
-    expected_launcher = f"{launcher['repository']}:{launcher['tag'] or '0.1.0'}"
-    assert args.settings.launcher_image == expected_launcher
-    assert args.settings.extra_tolerations == tuple(values["tolerations"])
-    assert args.settings.cluster_domain == values["clusterDomain"]
-    assert args.settings.wait_timeout == values["gangWaitTimeoutSeconds"]
-
-
-def test_the_default_launcher_image_is_the_servers_default(rendered):
-    env = literal_env(webhook_container(rendered["self-managed"]))
-    assert env["TRAINHOOK_WEBHOOK_LAUNCHER_IMAGE"] == DEFAULT_LAUNCHER_IMAGE
-    assert json.loads(env["TRAINHOOK_WEBHOOK_TOLERATIONS"]) == []
-
-
-@pytest.mark.parametrize("name", list(VALUE_SETS))
-def test_the_certificate_settings_name_the_objects_the_chart_renders(rendered, name):
-    manifests = rendered[name]
-    container = webhook_container(manifests)
-    env = literal_env(container)
-    assert env["TRAINHOOK_WEBHOOK_CERT_MODE"] == MODE_OF[name]
-    if MODE_OF[name] == "self-managed":  # read through the API (never mounted): the one Secret its Role names
-        certs_role = rules_of(manifests, "Role", f"{find(manifests, 'Deployment')['metadata']['name']}-certs")
-        assert env["TRAINHOOK_WEBHOOK_SECRET_NAME"] == certs_role[1]["resourceNames"][0]
-    else:
-        assert env["TRAINHOOK_WEBHOOK_SECRET_NAME"] == find_secret_volume(manifests)["secretName"]
-    assert env["TRAINHOOK_WEBHOOK_WEBHOOK_CONFIG_NAME"] == find(manifests, "MutatingWebhookConfiguration")[
-        "metadata"]["name"]
-    assert env["TRAINHOOK_WEBHOOK_SERVICE_NAME"] == find(manifests, "Service")["metadata"]["name"]
-    from_fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]
-                   if "fieldRef" in e.get("valueFrom", {})}
-    assert from_fields == {"TRAINHOOK_WEBHOOK_NAMESPACE": "metadata.namespace",
-                           "TRAINHOOK_WEBHOOK_POD_NAME": "metadata.name"}
 
 
 # --- Labels ------------------------------------------------------------------------------------------------------
@@ -506,135 +306,3 @@ def test_every_object_carries_the_standard_labels(rendered, name):
         assert labels["helm.sh/chart"] == "trainhook-0.1.0", where
         if manifest["kind"] not in ("MutatingWebhookConfiguration", "ClusterRole", "ClusterRoleBinding"):
             assert manifest["metadata"]["namespace"], where
-
-
-# --- RBAC --------------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name", list(VALUE_SETS))
-def test_no_role_grants_a_wildcard(rendered, name):
-    for role in find_all(rendered[name], "Role") + find_all(rendered[name], "ClusterRole"):
-        for rule in role["rules"]:
-            for field in ("verbs", "resources", "apiGroups", "resourceNames"):
-                assert not any("*" in item for item in rule.get(field, [])), (role["metadata"]["name"], rule)
-            # Only the API server's public OpenID discovery document and key set (the notary verifies tokens locally).
-            if "nonResourceURLs" in rule:
-                assert rule == {"nonResourceURLs": ["/.well-known/openid-configuration", "/openid/v1/jwks"],
-                                "verbs": ["get"]}, (role["metadata"]["name"], rule)
-            forbidden = {"escalate", "bind", "impersonate", "deletecollection", "delete"}
-            if role["metadata"]["name"].endswith("-launcher") and rule.get("resources") == ["configmaps"]:
-                forbidden.discard("delete")  # old versions of its own launcher ConfigMaps (tests/chart/test_chart_lifecycle)
-            assert not forbidden & set(rule["verbs"]), (role["metadata"]["name"], rule)
-
-
-@pytest.mark.parametrize("name", value_sets("self-managed"))
-def test_self_managed_may_touch_only_its_own_secret_and_its_own_webhook_configuration(rendered, name):
-    manifests = rendered[name]
-    fullname = find(manifests, "Deployment")["metadata"]["name"]
-    secret = literal_env(webhook_container(manifests))["TRAINHOOK_WEBHOOK_SECRET_NAME"]
-    config = find(manifests, "MutatingWebhookConfiguration")["metadata"]["name"]
-    assert rules_of(manifests, "Role", f"{fullname}-certs") == [
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},  # create cannot name its object
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret], "verbs": ["get", "update"]},
-    ]
-    assert rules_of(manifests, "ClusterRole", f"{fullname}-webhook-config") == [
-        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
-         "resourceNames": [config], "verbs": ["get", "patch"]}]
-    account = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    for binding_kind, role_kind, role_name in [("RoleBinding", "Role", f"{fullname}-certs"),
-                                               ("ClusterRoleBinding", "ClusterRole", f"{fullname}-webhook-config")]:
-        binding = find(manifests, binding_kind, role_name)
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role_name}
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
-    assert find(manifests, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
-
-
-@pytest.mark.parametrize("name", value_sets("cert-manager") + value_sets("secret"))
-def test_other_modes_give_the_webhook_api_access_for_the_launcher_configmaps_only(rendered, name):
-    manifests = rendered[name]
-    webhook_roles = [m for m in manifests if m["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
-                     and m["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"]
-    fullname = find(manifests, "Deployment")["metadata"]["name"]
-    # Besides the launcher ConfigMaps, the gang key's one Secret (templates/gang-key.yaml) and the scale check's
-    # reading of StatefulSets (tests/chart/test_scale_chart.py).
-    assert {(m["kind"], m["metadata"]["name"]) for m in webhook_roles} >= {
-        ("Role", f"{fullname}-gang-key"), ("RoleBinding", f"{fullname}-gang-key"),
-        ("ClusterRole", f"{fullname}-statefulsets"), ("ClusterRoleBinding", f"{fullname}-statefulsets")}
-    assert not [m for m in webhook_roles if m["metadata"]["name"] == f"{fullname}-certs"]
-    # The launcher ConfigMaps: a Role in each training namespace (never a ClusterRole on ConfigMaps, which would
-    # reach kube-system's); the ClusterRole only owns them and lets the webhook read its own uid.
-    launcher_roles = [r for r in find_all(manifests, "Role")
-                      if r["metadata"]["labels"]["app.kubernetes.io/component"] == "launcher"]
-    assert sorted(r["metadata"]["namespace"] for r in launcher_roles) == sorted(
-        merged({"trainingNamespaces": ["default"]}, VALUE_SETS[name])["trainingNamespaces"])
-    assert all(r["rules"][0] == {"apiGroups": [""], "resources": ["configmaps"],
-                                 "verbs": ["create", "get", "list", "delete"]} for r in launcher_roles)
-    assert rules_of(manifests, "ClusterRole", f"{fullname}-launcher") == [
-        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
-         "resourceNames": [f"{fullname}-launcher"], "verbs": ["get"]}]
-    assert not [rule for role in find_all(manifests, "ClusterRole") for rule in role["rules"]
-                if "configmaps" in rule.get("resources", []) or "secrets" in rule.get("resources", [])]
-    assert find(manifests, "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
-    # Without launcherConfigMap and scaleCheck: neither role; the token stays (the gang key is read through the API).
-    off = render_chart({"launcherConfigMap": False, "scaleCheck": False, **SECRET_MODE},
-                       NAMESPACE)
-    names = {r["metadata"]["name"] for r in find_all(off, "ClusterRole") + find_all(off, "Role")}
-    assert not {"trainhook-launcher", "trainhook-statefulsets"} & names and "trainhook-gang-key" in names
-    env = {e["name"] for e in find(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES" not in env
-
-
-def test_the_webhook_keeps_the_launcher_configmap_in_the_training_namespaces(rendered):
-    manifests = rendered["self-managed-full"]
-    [container] = find(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["TRAINHOOK_WEBHOOK_LAUNCHER_NAMESPACES"] == ",".join(FULL["trainingNamespaces"])
-    account = find(manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    # A RoleBinding in each training namespace (which must exist at install), and the owner's ClusterRoleBinding.
-    fullname = find(manifests, "Deployment")["metadata"]["name"]
-    bindings = [b for b in find_all(manifests, "RoleBinding") if b["roleRef"]["name"] == f"{fullname}-launcher"]
-    assert [b["metadata"]["namespace"] for b in bindings] == FULL["trainingNamespaces"]
-    for binding in [*bindings, find(manifests, "ClusterRoleBinding", f"{fullname}-launcher")]:
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
-    assert env["TRAINHOOK_WEBHOOK_LAUNCHER_OWNER"] == f"{fullname}-launcher"
-
-
-# Training pods get no RBAC from the chart (issue 22): tests/chart/test_chart_notary.py checks that nothing is bound to
-# them and what the notary, which records for them, may do.
-
-
-# --- Values that must be refused ---------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("values", "message"), [
-    pytest.param({"replicaCount": "two"}, "/replicaCount': got string, want integer", id="replicaCount-string"),
-    pytest.param({"replicas": 2}, "additional properties 'replicas' not allowed", id="unknown-top-level-key"),
-    pytest.param({"certificates": {"secretname": "x"}}, "additional properties 'secretname' not allowed",
-                 id="misspelled-nested-key"),
-    pytest.param({"certificates": {"mode": "vault"}}, "/certificates/mode", id="unknown-certificate-mode"),
-    pytest.param({"timeoutSeconds": 31}, "/timeoutSeconds", id="timeout-over-30"),
-    pytest.param({"tolerations": [{"key": "a", "operator": "Maybe"}]}, "/tolerations/0/operator",
-                 id="bad-toleration"),
-    pytest.param({"trainingServiceAccounts": [{"namespace": "team-a", "name": "trainer"}]},
-                 "trainingServiceAccounts was removed: training pods need no Kubernetes API permission",
-                 id="training-service-accounts-removed"),
-    pytest.param({"certificates": {"mode": "secret", "caBundle": CA_PEM}},
-                 "certificates.secretName is required with certificates.mode=secret", id="secret-without-name"),
-    pytest.param({"certificates": {"mode": "secret", "secretName": "user-tls"}},
-                 "certificates.caBundle is required with certificates.mode=secret", id="secret-without-ca"),
-    pytest.param({"certificates": {"mode": "secret", "secretName": "user-tls", "caBundle": "bm90IGEgY2VydA=="}},
-                 "neither a PEM certificate", id="secret-with-garbage-ca"),
-    pytest.param({"serviceAccount": {"create": False}}, "serviceAccount.name is required", id="no-service-account"),
-])
-def test_invalid_values_fail_with_a_message_naming_the_value(values, message):
-    with pytest.raises(HelmError) as failure:
-        render_chart(values, NAMESPACE)
-    assert message in failure.value.stderr
-
-
-def test_the_gang_key_is_never_rendered_the_webhook_keeps_it_in_a_secret_it_names():
-    """Helm renders no key (a `helm template` render would make a new one): tests/chart/test_chart_lifecycle.py."""
-    objects = render_chart({})
-    assert find_all(objects, "Secret") == []
-    container = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e for e in container["env"]}
-    assert env["TRAINHOOK_WEBHOOK_GANG_KEY_SECRET"]["value"] == "trainhook-gang-key"
-    assert "TRAINHOOK_WEBHOOK_GANG_KEY" not in env
