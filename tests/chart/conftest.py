@@ -1,6 +1,6 @@
 """The chart room: charts/trainhook rendered by the real Helm (tests/support/chart_render.py) and checked against
-Kubernetes' API schemas; the chart's values files are in tests/chart/data/, its value sets in chart_sets.py. One fixture: `rendered`,
-every value set rendered once per session."""
+Kubernetes' API schemas; the chart's values files are in tests/chart/data/, its value sets in chart_sets.py.
+One fixture: `rendered`, every value set rendered once per session."""
 
 import pytest
 
