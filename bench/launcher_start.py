@@ -16,6 +16,10 @@ Also: `PYTHON -I -c pass`, and the same stdlib modules a member imports without 
 start cannot go under), the zip's size, and which of our modules each role imported (`-X importtime`).
 
     .venv/bin/python bench/launcher_start.py [--starts 30] [--python /usr/bin/python3] [--zip PATH] [--no-bytecode]
+
+`--install N`: instead, the init container's delivery (`deliver.install`, issue 32) N times each way, interleaved,
+CPU of this process (time.process_time): building the zip in the pod, as before, and copying the one the launcher
+image prebuilt (its key checked against the modules first).
 """
 
 from __future__ import annotations
@@ -87,6 +91,25 @@ def summary(samples: list[tuple[float, float]]) -> dict:
             "wall_ms": round(statistics.median(wall) * 1000, 1), "starts": len(samples)}
 
 
+def install_cost(times: int) -> dict:
+    """CPU ms of deliver.install into a fresh directory: the zip built there, or the prebuilt one copied."""
+    with tempfile.TemporaryDirectory(prefix="launcher-install-") as tmp_name:
+        tmp = Path(tmp_name)
+        prebuilt = deliver.write_prebuilt(tmp / "share" / deliver.ZIP_NAME)
+        samples: dict[str, list[float]] = {"built in the pod": [], "prebuilt, copied": []}
+        for i in range(times):
+            for way, target in (("built in the pod", tmp / "none" / deliver.ZIP_NAME), ("prebuilt, copied", prebuilt)):
+                deliver.PREBUILT_ZIP = target
+                began = time.process_time()
+                deliver.install(tmp / f"pod-{i}-{way[:5]}")
+                samples[way].append(time.process_time() - began)
+        built, copied = ((tmp / pod / deliver.ZIP_NAME).read_bytes() for pod in ("pod-0-built", "pod-0-prebu"))
+        same = built == copied
+    return {"same zip": same, **{way: {"cpu_ms": round(statistics.median(s) * 1000, 1),
+                                       "cpu_min_ms": round(min(s) * 1000, 1), "n": len(s)}
+                                 for way, s in samples.items()}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--starts", type=int, default=30)
@@ -96,7 +119,11 @@ def main() -> int:
                              "interleaved; each is labelled by its file name)")
     parser.add_argument("--no-bytecode", action="store_true", help="build the zip with sources only")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--install", type=int, metavar="N", help="time the init container's delivery instead")
     args = parser.parse_args()
+    if args.install:
+        print(json.dumps(install_cost(args.install), indent=1))
+        return 0
     with tempfile.TemporaryDirectory(prefix="launcher-start-") as tmp_name:
         tmp = Path(tmp_name)
         zips = {}

@@ -9,7 +9,11 @@ an order that rotates every round so a change of the machine's load falls on all
   ConfigMap, no init container, the launcher's barrier (every member joins rank 0's coordinator) is the gang wait;
 - `init`: trainhook in a namespace outside them (`bench-init`): the gang-wait init container delivers the launcher
   and waits (launcher/wait/command.py), then the barrier;
-- `by-hand`: the same StatefulSet unlabeled, its variables written by hand: no webhook, no launcher, no wait.
+- `by-hand`: the same StatefulSet unlabeled, its variables written by hand: no webhook, no launcher, no wait;
+- `by-hand-forms` (issue 32's fair baseline): the same hand-wired pods, whose program first forms the gang itself
+  as a hand-written rendezvous does (FORMS: rank 0 listens on MASTER_ADDR:MASTER_PORT and accepts the N-1 others,
+  which resolve and connect, retrying every 0.1 s; once all are in, rank 0 says so to each), then prints: what
+  trainhook's barrier does, without trainhook. Pairs against it say what trainhook adds beyond forming the gang.
 The pods request 10m CPU and 16Mi (64 of them fit the 2-core node; hack/node_config.py's maxPods is 250).
 
 Per round: "apply -> the last rank printed" (each rank prints time.time(): one clock for the node and this
@@ -41,8 +45,35 @@ sys.path.insert(0, str(ROOT / "bench"))
 import node_cpu  # noqa: E402  (bench/ is not a package)
 import node_start  # noqa: E402
 
-VARIANTS = ("configmap", "init", "by-hand")
-NAMESPACES = {"configmap": "default", "init": "bench-init", "by-hand": "default"}
+VARIANTS = ("configmap", "init", "by-hand", "by-hand-forms")
+NAMESPACES = {"configmap": "default", "init": "bench-init", "by-hand": "default", "by-hand-forms": "default"}
+SHORT = {"configmap": "conf", "init": "init", "by-hand": "hand", "by-hand-forms": "form"}  # in the gang's name
+BASELINES = ("by-hand", "by-hand-forms")
+
+# by-hand-forms' rank program (python -c): the gang formed over TCP, then node_start's GANGSTART line. A barrier
+# like trainhook's: no rank prints before every member has connected to rank 0.
+FORMS = """import os, socket, time
+rank, size = int(os.environ["HOSTNAME"].rsplit("-", 1)[1]), int(os.environ["WORLD_SIZE"])
+where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+if rank == 0:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("", where[1]))
+    server.listen(size)
+    members = [server.accept()[0] for _ in range(size - 1)]
+    for member in members:
+        member.sendall(b"go")
+else:
+    while True:
+        try:
+            link = socket.create_connection(where, timeout=5)
+            break
+        except OSError:
+            time.sleep(0.1)
+    assert link.recv(2) == b"go"
+print(f"GANGSTART rank={rank} imported={time.time():.6f} process_group=0 loop={time.time():.6f}", flush=True)
+time.sleep(60)
+"""
 OUT = ROOT / "bench" / "results"
 
 
@@ -59,12 +90,15 @@ node_config = node_start.load_node().cfg  # hack/node_config.py, as hack/node.py
 
 
 def gang(variant: str, name: str, size: int, image: str) -> list[dict]:
-    """node_start's bare gang (trainhook-labeled or wired by hand), with tiny requests."""
-    docs = node_start.manifests("by-hand" if variant == "by-hand" else "trainhook", name, size, image, "bare")
+    """node_start's bare gang (trainhook-labeled or wired by hand), with tiny requests; by-hand-forms' pods run
+    FORMS."""
+    docs = node_start.manifests("by-hand" if variant in BASELINES else "trainhook", name, size, image, "bare")
     for doc in docs:
         if doc["kind"] == "StatefulSet":
             for container in doc["spec"]["template"]["spec"]["containers"]:
                 container["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}}
+                if variant == "by-hand-forms":
+                    container["command"] = ["python", "-c", FORMS]
     return docs
 
 
@@ -96,7 +130,7 @@ def pods_of(node: node_start.Node, namespace: str, name: str) -> list[dict]:
 
 def one_round(node: node_start.Node, variant: str, size: int, timeout: float = 300) -> dict:
     namespace = NAMESPACES[variant]
-    name = f"sc-{variant[:4]}-{size}-{uuid.uuid4().hex[:4]}"
+    name = f"sc-{SHORT[variant]}-{size}-{uuid.uuid4().hex[:4]}"
     docs = gang(variant, name, size, node.images["torch"])
     state_dir = str(node.state_dir)
     cpu_before = node_cpu.snapshot(state_dir, node_config.CGROUP_ROOT)
@@ -178,18 +212,33 @@ def summary(rounds: list[dict]) -> dict:
                                                  for k in mine[0]["kubelet"]},
                               "cpu_s_median": {k: round(statistics.median(r["cpu_s"][k] for r in mine if k in r.get(
                                   "cpu_s", {})), 2) for k in mine[0].get("cpu_s", {})}}
-        hand = [r for r in done if r["variant"] == "by-hand"]
         for variant in ("configmap", "init"):
             mine = [r for r in done if r["variant"] == variant]
-            if mine and hand:
-                entry[variant]["overhead_median_s"] = round(statistics.median(r["to_last_rank_s"] for r in mine)
-                                                            - statistics.median(r["to_last_rank_s"] for r in hand), 2)
-                by_round = {r["round"]: r["to_last_rank_s"] for r in hand if "round" in r}
-                pairs = [r["to_last_rank_s"] - by_round[r["round"]] for r in mine if r.get("round") in by_round]
-                if pairs:  # each round's trainhook gang against the same round's hand-wired one
-                    entry[variant]["pair_overhead_s"] = summarize(pairs)
+            for baseline, suffix in (("by-hand", ""), ("by-hand-forms", "_over_forms")):
+                hand = [r for r in done if r["variant"] == baseline]
+                if mine and hand:
+                    entry[variant].update(pairs_against(mine, hand, size, suffix))
         entry["failed"] = sum(1 for r in rounds if r["size"] == size and "failed" in r)
         out[str(size)] = entry
+    return out
+
+
+def pairs_against(mine: list[dict], hand: list[dict], size: int, suffix: str) -> dict:
+    """A trainhook variant's rounds against a baseline's: the medians' difference, and each round's gang against
+    the same round's baseline (time, and the CPU seconds of the gang's pods and of the whole node: in all, and per
+    pod in ms, what trainhook adds to each pod's start)."""
+    out = {f"overhead_median_s{suffix}": round(statistics.median(r["to_last_rank_s"] for r in mine)
+                                               - statistics.median(r["to_last_rank_s"] for r in hand), 2)}
+    by_round = {r["round"]: r for r in hand if "round" in r}
+    paired = [(r, by_round[r["round"]]) for r in mine if r.get("round") in by_round]
+    if paired:
+        out[f"pair_overhead_s{suffix}"] = summarize([r["to_last_rank_s"] - h["to_last_rank_s"] for r, h in paired])
+        for part in ("gang_pods", "total"):
+            extra = [r["cpu_s"][part] - h["cpu_s"][part] for r, h in paired if part in r.get("cpu_s", {})
+                     and part in h.get("cpu_s", {})]
+            if extra:
+                out[f"pair_cpu_s_{part}{suffix}"] = summarize(extra)
+                out[f"pair_cpu_ms_per_pod_{part}{suffix}"] = round(statistics.median(extra) * 1000 / size, 1)
     return out
 
 

@@ -24,6 +24,10 @@ RUN musl-gcc -static -Os -s -o /trainhook-launch /src/trainhook-launch.c
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/trainhook /opt/trainhook
+# The launcher zip the init container delivers into every gang pod, built once here instead of in each pod
+# (launcher/deliver.py PREBUILT_ZIP, used while its key matches the installed modules; in this stage because
+# the build stage is the webhook image's too).
+RUN /opt/trainhook/bin/python -c "from trainhook.launcher import deliver; deliver.write_prebuilt()"
 # Where launcher/deliver.py looks for it (PREBUILT): the init container copies it into every gang pod.
 COPY --from=entry /trainhook-launch /opt/trainhook/libexec/trainhook/trainhook-launch
 ENV PATH=/opt/trainhook/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

@@ -19,9 +19,13 @@ elsewhere (a pip install, a checkout: `trainhook local`, the tests) it is compil
 machine's C compiler and cached; with no compiler at all, the old shell script SHIM stands in (it behaves the same
 wherever there is a /bin/sh, which every machine running `trainhook local` has), and `install` says so.
 
-Why build the zip here rather than ship one in the image: it is made from the very modules the launcher image
-runs, so the two can never disagree, and it costs a few milliseconds (tests/webhook/test_delivery.py measures it).
-Entries carry a fixed timestamp, so the same modules always give the same bytes.
+The zip is made from the very modules the launcher image runs, so the two can never disagree. With bytecode it
+costs ~44 ms of CPU to build, which the init container paid in every gang pod (issue 32: 32 init containers on a
+node's 2 cores). So the launcher image builds it once (images/launcher.Dockerfile: `write_prebuilt`) into
+PREBUILT_ZIP, beside a key of what it was built from (this Python's magic number and every in-pod source), and
+`install` copies it when the key still matches the installed modules (reading ~40 small files and one hash,
+about a millisecond); anywhere else, or after the modules changed, it builds the zip as before. Entries carry a
+fixed timestamp, so the same modules always give the same bytes, prebuilt or not.
 
 Bytecode beside the sources (issue 26): every training container's launcher imports its modules from the zip,
 and a zip of sources alone made each one compile them all again: on a 2-core node where 25 launchers start at
@@ -43,22 +47,22 @@ none of them.
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import importlib.util
-import io
-import marshal
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainhook.gang import keys
 from trainhook.launcher.files import write_atomically
+
+if TYPE_CHECKING:
+    import ast
+
+# What only building the zip or compiling the entry program needs (ast, marshal, zipfile, subprocess, ...) is
+# imported there: an init container that copies the prebuilt zip and program needs none of it.
 
 ZIP_NAME = "launcher.pyz"
 SHIM_NAME = "trainhook-launch"
@@ -106,6 +110,7 @@ ENTRY_FLAGS = ("-static", "-Os", "-s")
 COMPILERS = ("musl-gcc", "cc", "gcc")  # musl first: a 20 KB program instead of glibc's 700 KB
 # Where the images put the program they built: beside the environment trainhook is installed in (/opt/trainhook).
 PREBUILT = Path(sys.prefix) / "libexec" / "trainhook" / SHIM_NAME
+PREBUILT_ZIP = Path(sys.prefix) / "share" / "trainhook" / ZIP_NAME  # the images' zip; its key beside it (+ ".key")
 
 
 def is_program(entry: bytes) -> bool:
@@ -115,6 +120,7 @@ def is_program(entry: bytes) -> bool:
 
 def compile_entry(target: Path, compiler: str) -> Path:
     """Compile the entry program into `target` with `compiler`, as the images do; CalledProcessError if it fails."""
+    import subprocess
     subprocess.run([compiler, *ENTRY_FLAGS, "-o", str(target), str(ENTRY_SOURCE)], check=True,
                    capture_output=True, timeout=120)
     return target
@@ -134,6 +140,9 @@ def entry_program() -> bytes:
     source, flags and compiler), else SHIM. The same in every call of a process (the webhook hashes it)."""
     if PREBUILT.is_file():
         return PREBUILT.read_bytes()
+    import shutil
+    import subprocess
+    import tempfile
     compiler = next((found for name in COMPILERS for found in [shutil.which(name)] if found), None)
     if compiler is None or not ENTRY_SOURCE.is_file():
         return SHIM.encode()
@@ -185,6 +194,7 @@ def without_docstrings(source: bytes) -> ast.Module:
     every pod's ConfigMap carries beside the entry program (1 MiB at most), and nothing reads them at run time. The
     source beside the bytecode keeps them, and every line keeps its number, so a traceback still shows the code.
     Asserts stay (compile's optimize=2 would drop them too)."""
+    import ast
     tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
@@ -200,6 +210,7 @@ def bytecode(name: str, source: bytes) -> bytes:
     flags 1 (hash-based, not checked against the source), the source's hash, then the marshalled code. The same
     source gives the same bytes (tests/launcher/test_delivery_bytecode.py: in a fresh process too, so every webhook
     replica names the same ConfigMap)."""
+    import marshal
     code = compile(without_docstrings(source), f"{keys.LAUNCHER_DIR}/{ZIP_NAME}/{name}", "exec", dont_inherit=True)
     # Marshal format 2: the current format (4) marks a string "interned" and "shared" by the state of this
     # process (a one-character string such as '?' is interned once any code in the process interned it), so a
@@ -212,6 +223,8 @@ def bytecode(name: str, source: bytes) -> bytes:
 def build_zip(bytecode_too: bool = True) -> bytes:
     """The launcher zip's bytes: the in-pod modules and a __main__ that checks the Python version first, each
     source with its .pyc beside it (`bytecode_too`; False gives the sources alone, for comparison)."""
+    import io
+    import zipfile
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, path in [("__main__.py", None), *in_pod_modules()]:
@@ -226,10 +239,41 @@ def build_zip(bytecode_too: bool = True) -> bytes:
     return buffer.getvalue()
 
 
+def sources_key() -> str:
+    """What build_zip's bytes follow from, hashed: this Python's magic number (the bytecode's), the marshal format,
+    __main__ and every in-pod module's name and source."""
+    digest = hashlib.sha256(importlib.util.MAGIC_NUMBER + bytes([MARSHAL_VERSION]) + MAIN.encode())
+    for name, path in in_pod_modules():
+        source = path.read_bytes()
+        digest.update(b"%d:%s%d:" % (len(name), name.encode(), len(source)) + source)
+    return digest.hexdigest()
+
+
+def write_prebuilt(target: Path = PREBUILT_ZIP) -> Path:
+    """Build the zip once into `target` with its key beside it (the launcher image's build runs this)."""
+    write_atomically(target, build_zip(), 0o644)
+    write_atomically(Path(f"{target}.key"), sources_key().encode(), 0o644)
+    return target
+
+
+def prebuilt_zip(target: Path | None = None) -> bytes | None:
+    """The prebuilt zip's bytes (PREBUILT_ZIP's by default) when its key matches the installed modules, else None
+    (build it)."""
+    target = PREBUILT_ZIP if target is None else target
+    try:
+        key = Path(f"{target}.key").read_text().strip()
+        if key != sources_key():
+            return None
+        return target.read_bytes()
+    except OSError:
+        return None
+
+
 def install(directory: Path) -> Path:
-    """Write the launcher into `directory` (the pod's launcher volume); returns the entry point's path."""
+    """Write the launcher into `directory` (the pod's launcher volume): the prebuilt zip when it is current, else
+    one built now; returns the entry point's path."""
     (directory / "bin").mkdir(parents=True, exist_ok=True)
-    write_atomically(directory / ZIP_NAME, build_zip(), 0o644)
+    write_atomically(directory / ZIP_NAME, prebuilt_zip() or build_zip(), 0o644)
     entry = directory / "bin" / SHIM_NAME
     write_atomically(entry, entry_program(), 0o755)
     return entry

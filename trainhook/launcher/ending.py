@@ -17,7 +17,6 @@ import random
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from trainhook.gang import keys
@@ -146,9 +145,10 @@ def read_marker(settings: LaunchSettings, gang: GangView, log=say) -> Outcome | 
     if it is this gang's: so a restarted container never reruns finished training."""
     if not settings.state_dir:
         return None
-    path = Path(settings.state_dir) / MARKER
+    path = os.path.join(settings.state_dir, MARKER)
     try:
-        data = json.loads(path.read_text())
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
@@ -171,7 +171,7 @@ def write_marker(settings: LaunchSettings, gang: GangView, outcome: Outcome | No
         return
     data = {"namespace": gang.namespace, "job": gang.job_name, "outcome": outcome.to_dict()}
     try:
-        write_json_atomically(Path(settings.state_dir) / MARKER, data)
+        write_json_atomically(os.path.join(settings.state_dir, MARKER), data)
     except OSError as e:
         log(f"cannot write the outcome marker in {settings.state_dir}: {e}")
 
@@ -181,7 +181,7 @@ def write_local_status(settings: LaunchSettings, data: dict, log=say) -> None:
     if not settings.local_status:
         return
     try:
-        write_json_atomically(Path(settings.local_status), data)
+        write_json_atomically(settings.local_status, data)
     except OSError as e:
         log(f"cannot write the local status file {settings.local_status}: {e}")
 

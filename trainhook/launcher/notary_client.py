@@ -14,19 +14,21 @@ So this module:
 - keeps the key in memory: it is returned to the caller, never written to a file or put into an environment,
   so the training process the launcher starts never sees it.
 
-Standard library only, Python 3.8+ (it runs inside the user's image).
+Standard library only, Python 3.8+ (it runs inside the user's image). The HTTP/1.1 of a call is written here over
+the ssl socket (one request, `Connection: close`, the answer read by its Content-Length or chunks, strictly),
+not with http.client: http.client imports the `email` package, and its import was ~10 ms of CPU in every training
+container's start (issue 32: a 32-pod gang's launchers start together on a node's cores;
+docs/develop/performance.md).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import random
 import socket
 import ssl
 import threading
 import time
-import urllib.parse
 from typing import Callable, Mapping
 
 from trainhook.gang import keys
@@ -39,6 +41,7 @@ from trainhook.gang.keys import TH_IDENTITY_TOKEN
 CALL_TIMEOUT = 10.0  # one HTTPS call (connect, TLS, answer); the notary itself waits on the API server
 FIRST_DELAY, MAX_DELAY = 0.2, 2.0  # jittered retry delays while the notary cannot answer yet
 ANSWER_LIMIT = 1 << 20
+HEAD_LIMIT = 64 << 10  # an answer's status line and headers; more is not the notary
 
 
 say = speaker()
@@ -58,12 +61,8 @@ class NotaryClient:
     pod's identity token is."""
 
     def __init__(self, url: str, ca_pem: str, token_file: str = TOKEN_FILE, timeout: float = CALL_TIMEOUT):
-        parsed = urllib.parse.urlsplit(url.strip())
-        if parsed.scheme != "https" or not parsed.hostname:
-            raise NotaryError(f"{keys.TH_NOTARY}={url!r}: not an https:// URL (the webhook injects "
-                              f"https://<service>.<namespace>.svc:<port>)")
         try:
-            port = parsed.port or 443
+            host, port, base = split_url(url)
         except ValueError as e:
             raise NotaryError(f"{keys.TH_NOTARY}={url!r}: {e}") from None
         if not ca_pem.strip():
@@ -74,7 +73,7 @@ class NotaryClient:
         except (ssl.SSLError, ValueError) as e:
             raise NotaryError(f"{keys.TH_NOTARY_CA} is not a PEM CA bundle: {e}") from None
         self.url = url.strip().rstrip("/")
-        self.host, self.port, self.base = parsed.hostname, port, parsed.path.rstrip("/")
+        self.host, self.port, self.base = host, port, base.rstrip("/")
         self.token_file, self.timeout = token_file, timeout
 
     # --- the calls of docs/operate/security.md ------------------------------------------------------------------------
@@ -152,30 +151,41 @@ class NotaryClient:
             raise NotaryError(f"cannot read this pod's identity token {self.token_file}: {e.strerror or e} (is "
                               f"the {keys.IDENTITY_VOLUME} volume mounted? the webhook injects it)") from None
 
-    def connection(self) -> http.client.HTTPSConnection:
-        """A new connection for one call (a launcher's few calls are seconds to minutes apart)."""
-        return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.context)
+    def connection(self) -> ssl.SSLSocket:
+        """A new TLS connection for one call (a launcher's few calls are seconds to minutes apart): the notary's
+        certificate verified against its CA, for its host name; `timeout` on the connect, the handshake and each
+        read. TCP_NODELAY as http.client sets it: the request goes out right behind the handshake's last message
+        (two writes, then a read), which Nagle's algorithm would hold until the server's delayed ACK (~40 ms)."""
+        raw = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return self.context.wrap_socket(raw, server_hostname=self.host)
+        except BaseException:
+            raw.close()
+            raise
 
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
         """One HTTPS call; the JSON object of a 200, else NotaryError with the status and the notary's words."""
-        headers = {"Authorization": f"Bearer {self.token()}", "Accept": "application/json"}
-        data = None
+        data = b"" if body is None else json.dumps(body).encode()
+        token = self.token()
+        if "\r" in token or "\n" in token:
+            raise NotaryError(f"this pod's identity token {self.token_file} holds a line break: not a token")
+        head = [f"{method} {self.base + path} HTTP/1.1", f"Host: {host_header(self.host, self.port)}",
+                f"Authorization: Bearer {token}", "Accept: application/json", "Connection: close"]
         if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        connection = self.connection()
+            head += [f"Content-Length: {len(data)}", "Content-Type: application/json"]
         try:
-            connection.request(method, self.base + path, body=data, headers=headers)
-            response = connection.getresponse()
-            text = response.read(ANSWER_LIMIT)
-            status = response.status
+            connection = self.connection()
+            try:
+                connection.sendall("\r\n".join(head).encode("latin-1") + b"\r\n\r\n" + data)
+                status, text = read_answer(connection)
+            finally:
+                connection.close()
         except ssl.SSLError as e:
             raise NotaryError(f"the notary at {self.url} failed TLS verification against {keys.TH_NOTARY_CA}: "
                               f"{e}") from None
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, AnswerError) as e:
             raise NotaryError(f"the notary at {self.url} is not reachable: {describe_notary_error(e)}") from None
-        finally:
-            connection.close()
         try:
             answer = json.loads(text) if text else {}
         except ValueError:
@@ -185,6 +195,127 @@ class NotaryClient:
         if status != 200:
             raise NotaryError(f"{method} {path}: HTTP {status}: {answer.get('error') or answer}", status)
         return answer
+
+
+class AnswerError(Exception):
+    """The notary's answer is not HTTP/1.x as it sends it (what http.client called an HTTPException)."""
+
+
+def split_url(url: str) -> tuple[str, int, str]:
+    """(host, port, path) of an https:// URL, as urllib.parse.urlsplit reads it (the host lower-cased, without
+    brackets around an IPv6 address, port 443 when none is given); ValueError naming what is wrong."""
+    text = url.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() != "https":
+        raise ValueError("not an https:// URL (the webhook injects https://<service>.<namespace>.svc:<port>)")
+    end = min([i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)])
+    netloc, path = rest[:end], rest[end:].partition("?")[0].partition("#")[0]
+    where = netloc.rpartition("@")[2]
+    if where.startswith("["):
+        host, bracket, port_text = where[1:].partition("]")
+        if not bracket or (port_text and not port_text.startswith(":")):
+            raise ValueError("an IPv6 host needs its closing bracket, then :port or nothing")
+        port_text = port_text[1:]
+    else:
+        host, _, port_text = where.partition(":")
+    if not host:
+        raise ValueError("not an https:// URL (the webhook injects https://<service>.<namespace>.svc:<port>)")
+    if not port_text:
+        return host.lower(), 443, path
+    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
+        raise ValueError(f"port {port_text!r} is not a number from 0 to 65535")
+    return host.lower(), int(port_text), path
+
+
+def host_header(host: str, port: int) -> str:
+    """The Host header of a request to host:port (brackets around an IPv6 address; no port when it is 443)."""
+    name = f"[{host}]" if ":" in host else host
+    return name if port == 443 else f"{name}:{port}"
+
+
+def read_answer(connection: socket.socket) -> tuple[int, bytes]:
+    """(status, body) of one HTTP/1.x answer read from `connection` to its end: its Content-Length, its chunks, or
+    the connection's close (the request said `Connection: close`). The body is cut at ANSWER_LIMIT, as
+    http.client's read(ANSWER_LIMIT) cut it; AnswerError for anything that is not such an answer, OSError (a
+    timeout among them) from the socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > HEAD_LIMIT:
+            raise AnswerError(f"an answer whose head is over {HEAD_LIMIT} bytes")
+        chunk = connection.recv(16384)
+        if not chunk:
+            raise AnswerError("the connection closed before an HTTP answer" if not data else
+                              "the connection closed in the answer's head")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, status_text = lines[0].partition(" ")
+    status_text = status_text.partition(" ")[0]
+    if not version.startswith("HTTP/1.") or len(status_text) != 3 or not status_text.isdigit():
+        raise AnswerError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
+    headers = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise AnswerError(f"not an HTTP header line: {line[:100]!r}")
+        headers[name.lower()] = value.strip()
+    status = int(status_text)
+    if status in (204, 304) or 100 <= status < 200:
+        return status, b""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        return status, read_chunked(connection, rest)
+    if "transfer-encoding" in headers:
+        raise AnswerError(f"an answer in transfer-encoding {headers['transfer-encoding']!r}")
+    length = headers.get("content-length")
+    if length is not None and not (length.isascii() and length.isdigit()):
+        raise AnswerError(f"an answer whose Content-Length is {length[:40]!r}")
+    want = ANSWER_LIMIT if length is None else min(int(length), ANSWER_LIMIT)
+    body = fill(connection, rest, want)[:want]
+    if length is not None and len(body) < want:
+        raise AnswerError(f"the connection closed {want - len(body)} bytes short of the answer's Content-Length")
+    return status, body
+
+
+def fill(connection: socket.socket, data: bytes, want: int) -> bytes:
+    """`data` and what follows on `connection` until there are `want` bytes or it closes (it may hold more)."""
+    parts, have = [data], len(data)
+    while have < want:
+        chunk = connection.recv(min(65536, want - have))
+        if not chunk:
+            break
+        parts.append(chunk)
+        have += len(chunk)
+    return b"".join(parts)
+
+
+def read_chunked(connection: socket.socket, data: bytes) -> bytes:
+    """A chunked body (RFC 9112 7.1), up to ANSWER_LIMIT; AnswerError for a malformed one or an early close."""
+    body = b""
+    while True:
+        while b"\r\n" not in data:
+            if len(data) > 1024:
+                raise AnswerError("a chunk size line over 1024 bytes")
+            chunk = connection.recv(16384)
+            if not chunk:
+                raise AnswerError("the connection closed in a chunked answer")
+            data += chunk
+        size_line, _, data = data.partition(b"\r\n")
+        size_text = size_line.partition(b";")[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise AnswerError(f"not a chunk size: {size_line[:40]!r}") from None
+        if size_text.startswith((b"-", b"+", b"0x", b"0X")) or size < 0:
+            raise AnswerError(f"not a chunk size: {size_line[:40]!r}")
+        if size == 0:
+            return body
+        data = fill(connection, data, size + 2)
+        if len(data) < size + 2 or data[size:size + 2] != b"\r\n":
+            raise AnswerError("a chunk cut short or not followed by CRLF")
+        body += data[:size]
+        data = data[size + 2:]
+        if len(body) >= ANSWER_LIMIT:
+            return body[:ANSWER_LIMIT]
 
 
 def describe_notary_error(error: BaseException) -> str:
