@@ -27,11 +27,11 @@ Commands come on stdin, one a line (`fail RANK`, `finish`, `quit`); what happene
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import queue
 import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -95,17 +95,26 @@ class Tagged:
 class PodClient(NotaryClient):
     """The launcher's NotaryClient, connecting from `address`: in a cluster each member's pod has its own address
     (the notary bounds connections per source address, webhook/connections.py); loopback's 127/8 gives each
-    simulated member one."""
+    simulated member one. NotaryClient.connection has no source address to give, so its few lines are repeated
+    here with one (the same timeout, TCP_NODELAY, certificate check); the request and answer are its own `call`."""
+
+    sources: list[str] = []  # the address of every connection made (the parent checks the members used theirs)
 
     def __init__(self, *args, address: str = "", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.address = address
 
-    def connection(self) -> http.client.HTTPSConnection:
-        connection = super().connection()
-        if self.address:
-            connection.source_address = (self.address, 0)
-        return connection
+    def connection(self) -> ssl.SSLSocket:
+        if not self.address:
+            return super().connection()
+        raw = socket.create_connection((self.host, self.port), timeout=self.timeout, source_address=(self.address, 0))
+        PodClient.sources.append(raw.getsockname()[0])
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return self.context.wrap_socket(raw, server_hostname=self.host)
+        except BaseException:
+            raw.close()
+            raise
 
 
 def pod_address(rank: int) -> str:
@@ -289,7 +298,7 @@ class Members:
             counts = {what: len(seen) for what, seen in self.times.items()}
         return {"counts": counts, "lost": len(self.lost), "lost_why": self.lost[:5],
                 "connect_errors": len(self.connect_errors), "connect_errors_why": self.connect_errors[:5],
-                "failures": self.failures[:5]}
+                "failures": self.failures[:5], "notary_source_addresses": len(set(PodClient.sources))}
 
 
 def run_members(args) -> int:

@@ -318,6 +318,8 @@ def simulate(args, workdir: Path, log) -> dict:
                 "phases": phases, "member_connections_lost": sum(s["lost"] for s in summaries),
                 "member_connections_lost_why": lost[:5],
                 "member_connect_retries": sum(s["connect_errors"] for s in summaries),
+                # the loopback addresses the members' notary calls came from (each its own, unless --one-address)
+                "notary_source_addresses": sum(s["notary_source_addresses"] for s in summaries),
                 "member_connect_retries_why": [w for s in summaries for w in s["connect_errors_why"]][:5],
                 "kube_api_qps": args.kube_api_qps, "kube_api_burst": args.kube_api_burst,
                 "load1": os.getloadavg()[0]}

@@ -48,5 +48,7 @@ def test_a_small_gang_runs_every_phase_against_the_real_central_parts_and_report
         what: MEMBERS for what in ("asked", "key", "joined", "start1", "start2", "finish", "done")}, phases
     assert (phases.get("fail"), phases.get("stop1"), phases.get("start3")) == (1, MEMBERS - 1, None), phases
     assert figures["member_connections_lost"] == 0, figures["member_connections_lost_why"]
+    # every member asked the notary from a loopback address of its own, as each pod has its own
+    assert figures["notary_source_addresses"] == MEMBERS, figures
     for phase in ("credential_s", "barrier_s", "restart_s", "outcome_s"):
         assert 0 <= figures[phase] < 60, (phase, figures)
