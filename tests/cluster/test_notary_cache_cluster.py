@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
 import pytest
 from kubernetes import client
@@ -96,6 +97,41 @@ def test_a_gangs_members_share_one_anchor_read_and_their_reviews_are_kept(notary
     calls.clear()
     assert asyncio.run(notary.verify(tokens[0])).gang.coordinator  # outcome and event calls: a fresh anchor
     assert calls == {"pod": 2, "workload": 1}, calls
+
+
+class SlowListAuthority(CountingAuthority):
+    """Lists the namespace's gang pods a second late, as a 10,000-pod list is on a loaded API server."""
+
+    def _list_gang_pods_blocking(self, namespace: str) -> dict:
+        time.sleep(1.0)
+        return super()._list_gang_pods_blocking(namespace)
+
+
+def test_members_who_ask_while_the_first_list_runs_wait_for_it_instead_of_a_get_each(control_plane, gang_webhook,
+                                                                                    k8s_namespace):
+    """Issue 32: at 10,000 members the first list of the namespace's pods took seconds, and every credential call
+    meanwhile read its pod with a GET (230-330 of them). Now they wait for the list (pod_watch.FIRST_LIST_WAIT)."""
+    api = control_plane.api_client()
+    authority = SlowListAuthority(api)
+    notary = Notary(authority, GANG_KEY, reviews=ReviewCache(max_age=LONG), anchors=SharedReads(ttl=LONG))
+    try:
+        sts = create_gang(api, k8s_namespace, "early", replicas=8)
+        tokens = [pod_token(api, k8s_namespace, f"early-{i}") for i in range(8)]
+
+        async def together():
+            return await asyncio.gather(*(notary.verify(token, shared=True) for token in tokens))
+
+        started = time.monotonic()
+        keys_given = {notary.credential(v)["key"] for v in asyncio.run(together())}
+        assert keys_given == {expected_key(k8s_namespace, "early", sts["metadata"]["uid"])[1]}
+        assert time.monotonic() - started >= 1.0  # they did wait for the slow list
+        # The namespace's list and watch, the published keys, rank 0's pod and its StatefulSet once for the gang:
+        # no member's own pod (was 8 pod GETs, one a member, while the list ran).
+        assert authority.calls == {"pods": 1, "watch": 1, "keys": 2, "pod": 1, "workload": 1}, authority.calls
+    finally:
+        authority.pods.stop()
+        authority.threads.shutdown()
+        api.close()
 
 
 def test_a_job_recreated_within_the_caches_lifetime_gets_the_new_key_and_old_tokens_are_refused(

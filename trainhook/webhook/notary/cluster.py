@@ -152,6 +152,8 @@ class ClusterAuthority:
         """A credential call's pod: from the namespace's watch when it holds it with `uid`, else a GET; and
         whether it was a GET (a fresh read)."""
         watched = self.pods.lookup(namespace, name, uid)
+        if watched is None and await self.pods.first_list(namespace):
+            watched = self.pods.lookup(namespace, name, uid)
         if watched is not None:
             return watched, False
         return await self.get_pod(namespace, name), True
