@@ -70,6 +70,7 @@ else:
             break
         except OSError:
             time.sleep(0.1)
+    link.settimeout(None)  # the gang may take longer than 5 s to gather (64 pods): wait, as a rendezvous does
     assert link.recv(2) == b"go"
 print(f"GANGSTART rank={rank} imported={time.time():.6f} process_group=0 loop={time.time():.6f}", flush=True)
 time.sleep(60)
