@@ -187,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
 def event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop when it is installed (the images carry it), else asyncio's own (None).
 
-    A notary credential is a new TLS connection and one request: asyncio's TLS layer (sslproto, in Python) and
-    its selector loop cost about half of the ~1.3 ms of the process's CPU a member took at a gang's start;
-    uvloop runs the same OpenSSL work through `ssl.SSLObject` and the same protocols, with its TLS layer and loop
-    compiled (docs/develop/performance.md, "The notary's CPU and its bound at gang start").
+    uvloop runs the same OpenSSL work through `ssl.SSLObject` and the same protocols (aiohttp's, the connection
+    guard's), with its TLS layer and loop compiled where asyncio's are Python: measured, a new TLS connection and a
+    request cost 11% less of the process's CPU, an admission review 6% less; a notary credential at a gang's start
+    no measurable change (docs/develop/performance.md, "uvloop" in two sections).
     TRAINHOOK_WEBHOOK_EVENT_LOOP=asyncio keeps asyncio's (to compare, or to rule the loop out)."""
     choice = os.environ.get("TRAINHOOK_WEBHOOK_EVENT_LOOP", "uvloop")
     if choice not in ("uvloop", "asyncio"):
