@@ -18,11 +18,8 @@ then say nothing took the server past its memory limit (issue 23). Here the acce
   past the notary's total a pending connection younger than `pending_grace`, of a source holding fewer than
   `crowded` (a pod's launcher, not a flood), is not evicted: the new one is closed at once, before any TLS work,
   and its launcher retries after a jittered back-off (the admission port has no grace);
-- on asyncio's loop a TLS connection reads into READ_BUFFER (asyncio's 256 KiB, allocated and zeroed at accept,
-  would put 1,024 connections past the chart's memory limit); uvloop's TLS layer (the process's loop,
-  webhook/server.py) mallocs its 256 KiB and leaves it untouched, so only what a read fills is resident (1,000 idle
-  TLS connections: 50 KiB each, against 59 KiB on asyncio with READ_BUFFER); no TLS session ticket is issued (no
-  client here resumes one);
+- a TLS connection reads into READ_BUFFER (asyncio's 256 KiB would put 1,024 connections past the chart's memory
+  limit); no TLS session ticket is issued (no client here resumes one);
 - HEAD_DEADLINE from accept for the TLS handshake, and from the first byte of a request head, arriving on an
   idle connection, to the complete head;
 - IDLE_TIMEOUT for an idle connection (after the handshake, or between two requests: aiohttp's keepalive_timeout).
@@ -82,8 +79,7 @@ MAX_CONNECTIONS = int(_env_number("MAX_CONNECTIONS", 128))
 NOTARY_MAX_CONNECTIONS = int(_env_number("NOTARY_MAX_CONNECTIONS", 1024))
 PENDING_GRACE = _env_number("PENDING_GRACE", 3.0)
 CROWDED = 4  # a source holding this many connections or more (a flood, not a pod's launcher) has no grace
-# Bytes asyncio's loop reads from a TLS socket at once and allocates per connection (a larger body takes more reads;
-# uvloop's own buffer is not set here: above).
+# Bytes asyncio reads from a TLS socket at once and allocates per connection (a larger body takes more reads).
 READ_BUFFER = 32 * 1024
 # Seconds a handler may wait for a body before its connection is evicted ahead of idle ones when room is needed.
 BODY_STALL = _env_number("BODY_STALL", 1.0)

@@ -22,7 +22,6 @@ import secrets
 import signal
 import ssl
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -167,7 +166,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
-        loop_factory = event_loop()
     except ValueError as e:
         print(f"trainhook-webhook: {e}", file=sys.stderr)
         return 2
@@ -180,28 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainhook-webhook: --cert-mode {args.certs.mode} needs {', '.join(missing)} "
               "(or their TRAINHOOK_WEBHOOK_* variables, which the chart sets)", file=sys.stderr)
         return 2
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(run(args))
-
-
-def event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when it is installed (the images carry it), else asyncio's own (None).
-
-    uvloop runs the same OpenSSL work through `ssl.SSLObject` and the same protocols (aiohttp's, the connection
-    guard's), with its TLS layer and loop compiled where asyncio's are Python: measured, a new TLS connection and a
-    request cost 11% less of the process's CPU, an admission review 6% less; a notary credential at a gang's start
-    no measurable change (docs/develop/performance.md, "uvloop" in two sections).
-    TRAINHOOK_WEBHOOK_EVENT_LOOP=asyncio keeps asyncio's (to compare, or to rule the loop out)."""
-    choice = os.environ.get("TRAINHOOK_WEBHOOK_EVENT_LOOP", "uvloop")
-    if choice not in ("uvloop", "asyncio"):
-        raise ValueError(f"TRAINHOOK_WEBHOOK_EVENT_LOOP={choice!r}: uvloop or asyncio")
-    if choice == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+    return asyncio.run(run(args))
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -276,9 +253,9 @@ async def serve(app: web.Application, host: str, port: int, context: ssl.SSLCont
     runner = app_runner(app)
     await runner.setup()
     accepting, listener = serve_app(runner, host, port, context)
-    loop = asyncio.get_running_loop()
-    log.info("serving", extra={"host": host, "port": port, "event_loop": type(loop).__module__.partition(".")[0]})
+    log.info("serving", extra={"host": host, "port": port})
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
