@@ -43,8 +43,16 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
+async def read_body(request: web.Request) -> web.Response:
+    """What the notary and admission handlers do with a body that did not come with its head."""
+    with connections.awaiting_body(request):
+        await request.read()
+    return web.Response(text="ok")
+
+
 async def guarded(context: ssl.SSLContext, limits: Limits | None):
     app = web.Application()
+    app.router.add_post("/body", read_body)
     if limits is not None:
         app[LIMITS] = limits
     guard_app(app)
@@ -164,3 +172,45 @@ def test_the_notary_limits_fit_a_gang_burst_and_a_source_keeps_its_share():
     assert 0 < connections.NOTARY.pending_grace < connections.HEAD_DEADLINE and connections.NOTARY.crowded > 1
     assert connections.NOTARY.backlog >= connections.NOTARY.max_connections
     assert Limits().pending_grace == 0 and Limits().per_source == Limits().max_connections == connections.MAX_CONNECTIONS
+
+
+def test_a_source_at_its_share_whose_bodies_stall_loses_the_longest_stalled_one(context):
+    """Issue 31 item 3: a connection whose request head came but whose body does not (a member gone rogue, or a
+    flood that finishes its heads) is evicted when its source needs room, the longest-stalled first, and the new
+    connection is served. (tests/webhook/
+    test_notary_hostile_clients.py floods with two such streams from one source at once, where the source's own
+    pending handshakes go first; this shows the stalled bodies' turn on its own.)"""
+    limits = Limits(max_connections=16, per_source=4, pending_grace=5.0, backlog=64)
+    client = ssl.create_default_context()
+    client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+    head = b"POST /body HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n"
+
+    async def stalled_head(port: int):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname="localhost",
+                                                       local_addr=("127.0.7.1", 0))
+        writer.write(head)
+        await writer.drain()
+        return reader, writer
+
+    async def ended(reader: asyncio.StreamReader) -> bool:
+        try:
+            return await asyncio.wait_for(reader.read(1), 0.5) == b""
+        except asyncio.TimeoutError:
+            return False
+        except (ConnectionError, ssl.SSLError):
+            return True
+
+    async def scenario(guard, port, clients):
+        stalled = [await stalled_head(port) for _ in range(4)]
+        await asyncio.sleep(0.2)
+        assert len(guard.waiting) == 4, "every head was read and its handler waits for the body"
+        await asyncio.sleep(connections.BODY_STALL)  # all four have stalled past BODY_STALL now
+        newer = await stalled_head(port)
+        await settle()
+        assert [await ended(reader) for reader, _ in stalled] == [True, False, False, False]
+        assert not await ended(newer[0])
+        assert len(guard.sources["127.0.7.1"]) == 4
+        for _, writer in [*stalled, newer]:
+            writer.close()
+    run(context, limits, scenario)
+

@@ -130,4 +130,9 @@ def test_six_hundred_heads_without_their_bodies_do_not_keep_a_member_from_its_ke
                 attack.stop.set()
                 attack.join(10)
             log = notary.server.log_file.read_text()
-        assert '"evicted: body not sent"' in log  # the rogue member's stalled bodies made the room
+        # The flood met its own source's share: its own connections were evicted to make room. Which of them (a
+        # stalled body, or a handshake of the other stream still pending: the order takes those first) depends on
+        # how the two streams interleave; the stalled bodies' own turn is test_notary_connections.py's
+        # test_a_source_at_its_share_whose_bodies_stall_loses_the_longest_stalled_one. (This line asked for a
+        # stalled body's eviction and failed about one run in four: 4,500-8,181 handshake evictions, 0-16 of bodies.)
+        assert '"evicted: body not sent"' in log or '"evicted: no request head yet"' in log
