@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainhook.webhook.connections import BUDGET, awaiting_body, guard_app
 from trainhook.webhook.observability import Metrics
-from trainhook.webhook.admission.review import BadReview, json_bytes, review
+from trainhook.webhook.admission.review import BadReview, json_bytes, parse_body, review
 from trainhook.webhook.settings import Settings
 from trainhook.webhook.statefulset_cache import StatefulSetCache
 
@@ -96,7 +96,7 @@ async def answer_review(request: web.Request) -> web.Response:
         finally:
             budget.give(size)
     try:
-        body = json.loads(raw)
+        body = parse_body(raw)
         reviewed = review(body, request.app[SETTINGS].settings, request.app.get(WORKLOADS))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return bad_request(metrics, f"the body is not JSON: {e}")
