@@ -95,26 +95,18 @@ class Tagged:
 class PodClient(NotaryClient):
     """The launcher's NotaryClient, connecting from `address`: in a cluster each member's pod has its own address
     (the notary bounds connections per source address, webhook/connections.py); loopback's 127/8 gives each
-    simulated member one. NotaryClient.connection has no source address to give, so its few lines are repeated
-    here with one (the same timeout, TCP_NODELAY, certificate check); the request and answer are its own `call`."""
+    simulated member one. The connection, request and answer are NotaryClient's own."""
 
     sources: list[str] = []  # the address of every connection made (the parent checks the members used theirs)
 
     def __init__(self, *args, address: str = "", **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.address = address
+        self.source_address = (address, 0) if address else None
 
     def connection(self) -> ssl.SSLSocket:
-        if not self.address:
-            return super().connection()
-        raw = socket.create_connection((self.host, self.port), timeout=self.timeout, source_address=(self.address, 0))
-        PodClient.sources.append(raw.getsockname()[0])
-        try:
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return self.context.wrap_socket(raw, server_hostname=self.host)
-        except BaseException:
-            raw.close()
-            raise
+        tls = super().connection()
+        PodClient.sources.append(tls.getsockname()[0])
+        return tls
 
 
 def pod_address(rank: int) -> str:

@@ -75,6 +75,7 @@ class NotaryClient:
         self.url = url.strip().rstrip("/")
         self.host, self.port, self.base = host, port, base.rstrip("/")
         self.token_file, self.timeout = token_file, timeout
+        self.source_address: tuple[str, int] | None = None  # the local address to connect from (None: the kernel's)
 
     # --- the calls of docs/operate/security.md ------------------------------------------------------------------------
     def credential(self) -> dict:
@@ -156,7 +157,8 @@ class NotaryClient:
         certificate verified against its CA, for its host name; `timeout` on the connect, the handshake and each
         read. TCP_NODELAY as http.client sets it: the request goes out right behind the handshake's last message
         (two writes, then a read), which Nagle's algorithm would hold until the server's delayed ACK (~40 ms)."""
-        raw = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        raw = socket.create_connection((self.host, self.port), timeout=self.timeout,
+                                       source_address=self.source_address)
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return self.context.wrap_socket(raw, server_hostname=self.host)
