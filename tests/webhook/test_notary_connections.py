@@ -84,6 +84,17 @@ def run(context, limits, scenario):
     asyncio.run(main())
 
 
+async def closed_soon(sock: socket.socket, within: float = 2.0) -> bool:
+    """Whether the server closes this client's connection within `within` seconds: the guard runs on this same
+    loop, so on a loaded machine its accept may come after one settle() (a CI run's failure)."""
+    end = asyncio.get_running_loop().time() + within
+    while not closed(sock):
+        if asyncio.get_running_loop().time() > end:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 async def settle() -> None:
     """Let the guard accept; an evicted connection whose handshake task never ran is closed when a collection
     frees that task (in a busy server, within milliseconds)."""
@@ -106,13 +117,13 @@ def test_a_burst_past_the_total_closes_the_new_connection_not_a_young_pending_on
         late = connect(port, "127.0.1.100")
         clients.append(late)
         await settle()
-        assert closed(late), "the connection past the total should have been closed at once"
+        assert await closed_soon(late), "the connection past the total should have been closed at once"
         assert not any(closed(s) for s in clients[:8]), "a young pending connection was evicted"
         await asyncio.sleep(1.0)  # past the grace
         later = connect(port, "127.0.1.101")
         clients.append(later)
         await settle()
-        assert closed(clients[0]), "past the grace, the oldest pending connection is evicted"
+        assert await closed_soon(clients[0]), "past the grace, the oldest pending connection is evicted"
         assert not closed(later) and not any(closed(s) for s in clients[1:8])
     run(context, limits, scenario)
 
