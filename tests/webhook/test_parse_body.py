@@ -1,4 +1,4 @@
-"""`review.parse_body` answers what json.loads answers (types included: 1, 1.0 and True stay apart), for any JSON
+"""`jsontext.parse_body` answers what json.loads answers (types included: 1, 1.0 and True stay apart), for any JSON
 document and for the inputs where orjson alone would differ: integers beyond 64 bits, NaN and Infinity, lone
 surrogates, other encodings and a BOM, and bodies that are not JSON (the same exception type)."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainhook.webhook.admission.jsondiff import same
-from trainhook.webhook.admission.review import parse_body
+from trainhook.webhook.admission.jsontext import parse_body
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2 ** 70), max_value=2 ** 70)

@@ -19,7 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainhook.webhook.connections import BUDGET, awaiting_body, guard_app
 from trainhook.webhook.observability import Metrics
-from trainhook.webhook.admission.review import BadReview, json_bytes, parse_body, review
+from trainhook.webhook.admission.jsontext import json_bytes, parse_body
+from trainhook.webhook.admission.review import BadReview, review
 from trainhook.webhook.settings import Settings
 from trainhook.webhook.statefulset_cache import StatefulSetCache
 

@@ -32,7 +32,8 @@ from trainhook.gang import keys
 from trainhook.webhook.notary.authority import Conflict, Unreachable
 from trainhook.webhook.notary.jwks import Jwks
 from trainhook.webhook.notary.membership import token_claims
-from trainhook.webhook.notary.pod_watch import WATCH_SECONDS, PodWatches, loads
+from trainhook.webhook.admission.jsontext import parse_body
+from trainhook.webhook.notary.pod_watch import WATCH_SECONDS, PodWatches
 
 API_TIMEOUT = 5.0  # seconds per API call (the launcher retries a 503)
 MIN_THREADS, MAX_THREADS = 4, 32
@@ -114,7 +115,7 @@ class ClusterAuthority:
         if not 200 <= response.status < 300:
             text = (data or b"")[:300].decode(errors="replace")
             raise Unreachable(f"{method} {path}: HTTP {response.status} {response.reason}: {text}")
-        return loads(data) if data else {}
+        return parse_body(data) if data else {}
 
     async def _call(self, method: str, path: str, body: object = None, content_type: str = "application/json",
                     query: list | None = None, accept: str = "application/json") -> Any:
@@ -163,7 +164,7 @@ class ClusterAuthority:
                               [("labelSelector", keys.JOB_NAME)], (self.timeout, 60))
         if response.status != 200:
             raise RuntimeError(f"list pods of {namespace}: HTTP {response.status} {response.reason}")
-        return loads(response.read())
+        return parse_body(response.read())
 
     def _watch_gang_pods_blocking(self, namespace: str, version: str) -> WatchStream:
         response = self._send("GET", f"/api/v1/namespaces/{namespace}/pods", None, "application/json",

@@ -26,16 +26,14 @@ valid token for a namespace cannot make the notary watch it).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from trainhook.gang import keys
+from trainhook.webhook.admission.jsontext import parse_body
 
 log = logging.getLogger("trainhook.webhook.notary")
 
@@ -45,15 +43,6 @@ WATCH_SECONDS = 300  # a watch is reopened this often (the API server ends long 
 RETRY_SECONDS, MAX_RETRY_SECONDS = 2.0, 120.0  # doubling while it keeps failing (a watch RBAC refuses)
 LIST_TIMEOUT = 60
 FIRST_LIST_WAIT = 5.0  # seconds a credential call waits for its namespace's first list before it GETs its pod
-
-
-def loads(data: bytes | str) -> Any:
-    """An API answer decoded: orjson (a 1,000-pod list is megabytes, decoded on a thread that shares the event
-    loop's GIL), json.loads for what orjson refuses and json.loads accepts (integers beyond 64 bits, NaN)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
 
 
 def slim(pod: dict) -> dict:
@@ -80,7 +69,7 @@ class NamespacePods:
         self.lists = 0  # lists and watches opened: the API calls this namespace costs (tests, bench)
         self.watches = 0
         self.first_done = threading.Event()  # the first list has ended (listed and watching, or failed)
-        self._wake: list[Callable[[], None]] = []
+        self._wake: set[Callable[[], None]] = set()  # who waits for the first list (a timed-out waiter leaves)
         self._wake_lock = threading.Lock()
 
     def end_first_list(self) -> None:
@@ -89,7 +78,7 @@ class NamespacePods:
             if self.first_done.is_set():
                 return
             self.first_done.set()
-            wake, self._wake = self._wake, []
+            wake, self._wake = self._wake, set()
         for one in wake:
             one()
 
@@ -110,11 +99,12 @@ class NamespacePods:
         with self._wake_lock:
             if self.first_done.is_set():
                 return
-            self._wake.append(wake)
+            self._wake.add(wake)
         try:
             await asyncio.wait_for(ended, timeout)
-        except TimeoutError:
-            pass
+        except TimeoutError:  # not woken: take the callback back (a list that hangs would otherwise keep them all)
+            with self._wake_lock:
+                self._wake.discard(wake)
 
     def get(self, name: str, uid: str) -> dict | None:
         """The pod when the watch is live and holds it with `uid`; None: read it with a GET."""
@@ -156,7 +146,7 @@ def run(pods: NamespacePods, list_call: Callable[[], dict], watch_call: Callable
                     pods.live, failures = True, 0
                     pods.end_first_list()
                     for line in response.stream_lines():
-                        event = loads(line)
+                        event = parse_body(line)
                         obj = event.get("object") or {}
                         if event.get("type") == "ERROR":
                             raise RuntimeError(f"watch error: {obj.get('message', obj)}")

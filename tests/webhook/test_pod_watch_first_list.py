@@ -1,0 +1,57 @@
+"""A credential call waits for its namespace's first pod list at most its timeout, and a waiter that timed out
+leaves nothing behind: while a list hangs, every credential call would otherwise leave a callback (issue 32)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from trainhook.webhook.notary.pod_watch import PodWatches
+
+
+class HangingList:
+    """A list call that does not answer until released; then an empty list, and a watch that ends at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def list_call(self, namespace: str) -> dict:
+        self.release.wait(30)
+        return {"metadata": {"resourceVersion": "1"}, "items": []}
+
+    def watch_call(self, namespace: str, version: str):
+        self.release.wait(30)
+        return Ended()
+
+
+class Ended:
+    def stream_lines(self):
+        return iter(())
+
+    def close(self) -> None:
+        pass
+
+
+def test_waiters_that_time_out_leave_no_callback_and_the_list_still_wakes_the_rest():
+    api = HangingList()
+    watches = PodWatches(api.list_call, api.watch_call)
+    assert watches.lookup("team-a", "p-0", "uid") is None  # starts the namespace's watch; its list hangs
+    pods = watches.watched["team-a"]
+
+    async def scenario() -> list[bool]:
+        timed_out = await asyncio.gather(*(watches.first_list("team-a", timeout=0.05) for _ in range(200)))
+        assert all(timed_out)  # each waited (the list was under way) and gave up
+        assert not pods._wake, f"{len(pods._wake)} callbacks left by waiters that timed out"
+        waiting = asyncio.ensure_future(watches.first_list("team-a", timeout=20))
+        await asyncio.sleep(0.05)
+        assert len(pods._wake) == 1
+        api.release.set()
+        return [await asyncio.wait_for(waiting, 10), await watches.first_list("team-a")]
+
+    try:
+        woken, later = asyncio.run(scenario())
+    finally:
+        api.release.set()
+        watches.stop()
+    assert woken is True and later is False  # woken by the list's end; afterwards there is nothing to wait for
+    assert pods.first_done.is_set() and not pods._wake
