@@ -20,7 +20,8 @@ from aiohttp import web
 
 from trainhook.certs.build import write_bundle
 from trainhook.webhook import connections
-from trainhook.webhook.connections import LIMITS, Limits, app_runner, guard_app, serve_app
+from trainhook.webhook.connections import Limits
+from trainhook.webhook.serving import GUARD, LIMITS, app_runner, awaiting_body, guard_app, serve_app
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def closed(sock: socket.socket) -> bool:
 
 async def read_body(request: web.Request) -> web.Response:
     """What the notary and admission handlers do with a body that did not come with its head."""
-    with connections.awaiting_body(request):
+    with awaiting_body(request):
         await request.read()
     return web.Response(text="ok")
 
@@ -59,7 +60,7 @@ async def guarded(context: ssl.SSLContext, limits: Limits | None):
     runner = app_runner(app)
     await runner.setup()
     task, listener = serve_app(runner, "127.0.0.1", 0, context)
-    return app[connections.GUARD], runner, task, listener
+    return app[GUARD], runner, task, listener
 
 
 def connect(port: int, source: str) -> socket.socket:

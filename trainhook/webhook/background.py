@@ -19,7 +19,7 @@ from aiohttp import web
 from trainhook.webhook import launcher_configmap
 from trainhook.webhook.notary import service as notary
 from trainhook.webhook.notary import settings as notary_settings
-from trainhook.webhook.connections import app_runner, guard_app, serve_app
+from trainhook.webhook.serving import app_runner, guard_app, serve_app
 from trainhook.webhook.notary.gang_key import GangKey
 from trainhook.webhook.handlers import LIFECYCLE, METRICS, SETTINGS, WORKLOADS
 from trainhook.webhook.notary.metrics import NotaryMetrics

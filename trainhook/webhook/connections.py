@@ -29,7 +29,7 @@ then say nothing took the server past its memory limit (issue 23). Here the acce
   with "failed calling webhook ...: EOF" (seen in CI when this was HEAD_DEADLINE, 5 s);
 - request heads bounded by aiohttp's limits (MAX_HEADERS fields of at most MAX_FIELD_SIZE bytes each);
 - bodies that did not come with their head are read within a byte budget shared by all connections
-  (`BodyBudget`), so trickled 4 MiB bodies cannot multiply.
+  (`BodyBudget`, webhook/serving.py with the rest of the aiohttp glue), so trickled 4 MiB bodies cannot multiply.
 
 So memory is bounded by the connections x (the TLS buffer + a bounded head) + BODY_BUDGET, and a real client
 (whose handshake and head take milliseconds) is never kept out by idle ones. The accept loop never ends on an
@@ -178,7 +178,7 @@ class Tracked(asyncio.Protocol):
 
 class ConnectionGuard:
     """Accepts on a socket and hands each connection, TLS done, to `protocol_factory` (aiohttp's web.Server,
-    set with the TLS context by `serve_app` once the runner is set up)."""
+    set with the TLS context by serving.py's `serve_app` once the runner is set up)."""
 
     def __init__(self, max_connections: int = MAX_CONNECTIONS, head_deadline: float = HEAD_DEADLINE,
                  limits: Limits | None = None) -> None:
@@ -404,65 +404,3 @@ class ConnectionGuard:
             finally:
                 self.request_done(conn)
         return track
-
-
-class BodyBudget:
-    """Bytes of bodies being read now, over all connections; a request that would pass the budget is answered
-    503 at once instead of holding memory (the API server retries a failed call on its next one)."""
-
-    def __init__(self, limit: int = BODY_BUDGET) -> None:
-        self.limit, self.used = limit, 0
-
-    def take(self, size: int) -> bool:
-        if self.used + size > self.limit:
-            return False
-        self.used += size
-        return True
-
-    def give(self, size: int) -> None:
-        self.used -= size
-
-
-GUARD = web.AppKey("connection_guard", ConnectionGuard)
-BUDGET = web.AppKey("body_budget", BodyBudget)
-
-
-def awaiting_body(request: web.Request):
-    """The guard's `awaiting_body` for `request`'s connection (a no-op for an app served without a guard)."""
-    guard = request.app.get(GUARD)
-    return guard.awaiting_body(request.transport) if guard is not None else contextlib.nullcontext()
-
-
-LIMITS = web.AppKey("connection_limits", Limits)
-
-
-def guard_app(app: web.Application) -> None:
-    """Give `app` its ConnectionGuard (whose middleware sees each request head arrive), bounded by the app's
-    LIMITS when it names them (the notary's) and its BodyBudget."""
-    app[GUARD] = ConnectionGuard(limits=app.get(LIMITS))
-    app[BUDGET] = BodyBudget()
-    app.middlewares.append(app[GUARD].middleware())
-
-
-def app_runner(app: web.Application) -> web.AppRunner:
-    """The runner of a guarded `app`: aiohttp's per-connection protocol made with our head bounds and keep-alive
-    (no access log, no signal handlers of its own); set it up, then serve_app."""
-    return web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=IDLE_TIMEOUT,
-                         max_headers=MAX_HEADERS, max_field_size=MAX_FIELD_SIZE, max_line_size=MAX_FIELD_SIZE)
-
-
-def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
-    """The listening socket (IPv4 or IPv6 from `host`), SO_REUSEADDR as aiohttp's sites set it."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    return socket.create_server((host, port), family=family, backlog=backlog)
-
-
-def serve_app(runner: web.AppRunner, host: str, port: int,
-              context: ssl.SSLContext) -> tuple[asyncio.Task, socket.socket]:
-    """Serve `runner` (set up) on host:port through its app's ConnectionGuard; cancel the task and close the
-    socket to stop accepting."""
-    guard = runner.app[GUARD]
-    context.num_tickets = 0  # no client resumes a session (the module docstring): a ticket is work thrown away
-    guard.protocol_factory, guard.context = runner.server, context
-    listener = listen(host, port, guard.limits.backlog)
-    return asyncio.create_task(guard.serve(listener)), listener

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from trainhook.webhook.connections import BUDGET, awaiting_body, guard_app
+from trainhook.webhook.serving import BUDGET, awaiting_body, guard_app
 from trainhook.webhook.observability import Metrics
 from trainhook.webhook.admission.jsontext import json_bytes, parse_body
 from trainhook.webhook.admission.review import BadReview, review

@@ -29,7 +29,7 @@ from aiohttp import web
 from trainhook.webhook.notary import settings as notary_settings
 from trainhook.webhook.background import (keep_gang_key, keep_launcher_configmaps, serve_notary, watch_certificates,
                                           watch_statefulsets)
-from trainhook.webhook.connections import app_runner, serve_app
+from trainhook.webhook.serving import app_runner, serve_app
 from trainhook.webhook.notary.gang_key import GangKey
 from trainhook.webhook.handlers import BODY_DEADLINE, LIFECYCLE, create_app
 from trainhook.webhook.observability import configure_logging

@@ -38,7 +38,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from trainhook.webhook.connections import LIMITS, NOTARY as NOTARY_LIMITS, awaiting_body
+from trainhook.webhook.connections import NOTARY as NOTARY_LIMITS
+from trainhook.webhook.serving import LIMITS, awaiting_body
 from trainhook.webhook.notary.cache import Read, RefusalCache, RefusalLog, ReviewCache, SharedReads
 from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, Gang, Identity, Place, Refusal, WorkloadRef,
                                                  decide, gang_key, gang_workloads, identity_from_review,
