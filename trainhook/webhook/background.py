@@ -17,7 +17,7 @@ import ssl
 from aiohttp import web
 
 from trainhook.webhook import launcher_configmap
-from trainhook.webhook.notary import service as notary
+from trainhook.webhook.notary import routes as notary_routes, service as notary
 from trainhook.webhook.notary import settings as notary_settings
 from trainhook.webhook.serving import app_runner, guard_app, serve_app
 from trainhook.webhook.notary.gang_key import GangKey
@@ -124,14 +124,14 @@ def watch_statefulsets(app: web.Application, api_client) -> StatefulSetCache:
 
 
 def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SSLContext, api_client=None) -> None:
-    """The notary (webhook/notary/service.py): a second HTTPS listener on --notary-port with the webhook's own TLS
-    context, up and down with `app`; only with --notary-authority cluster or local:DIR."""
+    """The notary (webhook/notary/routes.py over service.py): a second HTTPS listener on --notary-port with the
+    webhook's own TLS context, up and down with `app`; only with --notary-authority cluster or local:DIR."""
     if args.notary_authority == "none":
         return
     authority = notary_settings.authority_from(args, api_client)
     the_notary = notary.Notary(authority, lambda: app[SETTINGS].settings.gang_key,
                                metrics=NotaryMetrics(app[METRICS].registry))
-    notary_app = notary.create_app(the_notary)
+    notary_app = notary_routes.create_app(the_notary)
     sweep = None  # gangs whose coordinator is gone, recorded by the notary (webhook/notary/sweep.py): a cluster's
     if getattr(args, "notary_sweep_interval", 0) > 0 and hasattr(authority, "list_unrecorded_jobs"):
         namespaces = tuple(n.strip() for n in getattr(args, "notary_namespaces", "").split(",") if n.strip())

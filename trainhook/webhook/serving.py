@@ -1,6 +1,6 @@
 """An aiohttp app served through a ConnectionGuard (webhook/connections.py): the glue between the guard's accept
 loop and aiohttp's per-connection protocol, the app keys that let handlers reach the guard, and the shared body
-budget. Both ports use it: admission (handlers.py) and the notary (notary/service.py), each with its own guard.
+budget. Both ports use it: admission (handlers.py) and the notary (notary/routes.py), each with its own guard.
 
 Kept apart from the guard so that connections.py holds only what bounds connections (the accept loop, the
 deadlines, eviction), and aiohttp is named here and in the guard's one middleware.

@@ -95,7 +95,7 @@ class Gate:
 
 
 async def post_progress(notary: Notary, verified: Verified, body: object) -> dict:
-    """The notary's `POST /v1/progress` action (webhook/notary/service.py routes it)."""
+    """The notary's `POST /v1/progress` action (webhook/notary/routes.py routes it)."""
     detail = parse_progress(body)
     gang = verified.gang
     if not gang.coordinator:
