@@ -64,7 +64,7 @@ def test_trickling_clients_are_bounded_closed_in_time_and_a_real_member_still_jo
                         pass
         threading.Thread(target=trickle, daemon=True).start()
         settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
-        settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
+        settings = settings.replace(key=TOKEN)
         for rank in (0, 1):
             events: queue.SimpleQueue = queue.SimpleQueue()
             link = Link(gang(2, rank), settings, events, Report())

@@ -47,7 +47,7 @@ def test_a_member_that_stops_reading_holds_up_no_other_member_and_is_dropped():
     coordinator = Coordinator(gang(3), GangPolicy(RESTART_GANG, 3), TOKEN, port, log=lines.append)
     coordinator.start()
     settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
-    settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
+    settings = settings.replace(key=TOKEN)
 
     def link(rank: int, report: Report) -> tuple[Link, queue.SimpleQueue]:
         events: queue.SimpleQueue = queue.SimpleQueue()

@@ -227,12 +227,12 @@ def test_over_tcp_a_member_leaves_and_another_joins_the_running_attempt():
     links = {}
     try:
         settings = read_settings({keys.TH_COORDINATOR_PORT: str(port)}, parse_gang(env()))
-        settings = type(settings)(**{**settings.__dict__, "key": GANG_KEY})
+        settings = settings.replace(key=GANG_KEY)
         local = [Peer("worker", i, i, "127.0.0.1") for i in range(4)]  # every member dials loopback here
 
         def link(rank: int) -> queue.SimpleQueue:
             events: queue.SimpleQueue = queue.SimpleQueue()
-            member = GangView(**{**gang(rank).__dict__, "peers": tuple(local)})
+            member = gang(rank).replace(peers=tuple(local))
             links[rank] = Link(member, settings, events, Report())
             links[rank].start()
             return events

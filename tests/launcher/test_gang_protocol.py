@@ -318,7 +318,9 @@ def env(**more: str) -> dict[str, str]:
 
 def test_settings_default_to_fail_gang_and_a_parking_statefulset():
     settings = read_settings(env(), parse_gang(env()))
-    assert settings.policy == GangPolicy(FAIL_GANG, 3, None, 600.0)
+    policy = settings.policy  # GangPolicy(FAIL_GANG, 3, None, 600.0): its fields (a plain class, compared by identity)
+    assert (policy.on_failure, policy.max_restarts, policy.deadline, policy.join_timeout, policy.rules.rules,
+            policy.settle) == (FAIL_GANG, 3, None, 600.0, (), GangPolicy().settle)
     assert (settings.workload_kind, settings.workload_name, settings.restart_policy, settings.parks) == (
         "StatefulSet", "g", "Always", True)
     assert settings.port == 29497 and settings.key == b""  # the key never comes from the environment
@@ -385,7 +387,7 @@ def started_tcp_gang(log) -> tuple[Coordinator, object, list]:
     coordinator = Coordinator(gang(2), GangPolicy(), TOKEN, port, log=log)
     coordinator.start()
     settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
-    settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
+    settings = settings.replace(key=TOKEN)
     links = []
     for rank in (0, 1):
         events: queue.SimpleQueue = queue.SimpleQueue()
@@ -402,7 +404,7 @@ def test_a_coordinator_and_its_members_over_tcp_refusing_an_outsider():
     coordinator, settings, links = started_tcp_gang(lines.append)
     try:
         # An outsider with another token claims that rank 0 finished: refused, nothing changes.
-        outsider = settings.__class__(**{**settings.__dict__, "key": b"x" * 64})
+        outsider = settings.replace(key=b"x" * 64)
         events = queue.SimpleQueue()
         intruder = Link(gang(2, 0), outsider, events, Report(attempt=1, status=EXITED, code=0))
         intruder.start()

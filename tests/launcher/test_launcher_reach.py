@@ -109,7 +109,7 @@ def test_a_member_waiting_for_a_late_coordinator_asks_its_name_once():
     backoff, reusing rank 0's address, then joins; when the coordinator goes, the member asks the name again."""
     port = free_port()
     settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
-    settings = type(settings)(**{**settings.__dict__, "key": TOKEN})
+    settings = settings.replace(key=TOKEN)
     lookup = CountingLookup()
     events: queue.SimpleQueue = queue.SimpleQueue()
     member = Link(gang(2, 1, address="g-0.g"), settings, events, Report())

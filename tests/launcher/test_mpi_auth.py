@@ -15,7 +15,6 @@ after it signed with the connection's session key and numbered per direction), a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -158,7 +157,7 @@ class Gang:
                                        env={**gang_env("worker", self.port), **CREDENTIALS.worker_env},
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         launcher = parse_gang(gang_env("launcher", self.port))
-        self.launcher = dataclasses.replace(launcher, peers=(launcher.peers[0], Peer("worker", 0, 1, "127.0.0.1")))
+        self.launcher = launcher.replace(peers=(launcher.peers[0], Peer("worker", 0, 1, "127.0.0.1")))
         self.link = attach(self.launcher, self.port, CREDENTIALS.key)
         self.relay = make_relay(self.port)
         root = Path(tempfile.mkdtemp(prefix="th-auth-"))

@@ -8,7 +8,6 @@ ends the agent; and nobody without the gang's key, or without the launcher's uid
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -50,7 +49,7 @@ class Gang:
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         launcher = parse_gang(gang_env("launcher", self.port))
         self.peer = Peer("worker", 0, 1, "127.0.0.1")
-        self.launcher = dataclasses.replace(launcher, peers=(launcher.peers[0], self.peer))
+        self.launcher = launcher.replace(peers=(launcher.peers[0], self.peer))
         self.key = CREDENTIALS.key if with_key else b""
         self.link = self.connect() if attach else None
         # A short path (a unix socket's is limited to 107 bytes) in a directory others may traverse, so that the

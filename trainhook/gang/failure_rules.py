@@ -17,13 +17,14 @@ the lost-peer and timeout matchers.
 The rules only matter under `trainhook.dev/on-failure: restart-gang`; `fail-gang` retries nothing.
 
 Pure and standard library only: the webhook checks the annotation with `parse` at admission and the coordinator
-(rank 0's launcher) decides with `decide`, so both read it the same way.
+(rank 0's launcher) decides with `decide`, so both read it the same way. Every launcher's start imports it and
+parses the default rules (launcher/policy.py), so its classes are plain ones, not dataclasses (issue 32: the
+dataclasses module with its `inspect` was several ms of each pod's start); none is compared or changed.
 """
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from trainhook.gang import keys
@@ -54,14 +55,13 @@ def describe_code(code: int) -> str:
     return f"{code} ({name})" if name else str(code)
 
 
-@dataclass(frozen=True)
 class Matcher:
     """One matcher of a rule: the exit codes low..high, or a symptom the launcher recognized."""
 
-    text: str
-    low: int = 0
-    high: int = -1
-    symptom: str = ""
+    __slots__ = ("text", "low", "high", "symptom")
+
+    def __init__(self, text: str, low: int = 0, high: int = -1, symptom: str = ""):
+        self.text, self.low, self.high, self.symptom = text, low, high, symptom
 
     def matches(self, code: int, symptom: str) -> bool:
         if self.symptom:
@@ -69,20 +69,20 @@ class Matcher:
         return self.low <= code <= self.high
 
 
-@dataclass(frozen=True)
 class Rule:
-    action: str
-    matchers: Tuple[Matcher, ...]
-    default: bool = False
+    __slots__ = ("action", "matchers", "default")
+
+    def __init__(self, action: str, matchers: Tuple[Matcher, ...], default: bool = False):
+        self.action, self.matchers, self.default = action, matchers, default
 
 
-@dataclass(frozen=True)
 class RuleDecision:
     """What the rules say about one failure, and which rule said it (for the outcome's reason)."""
 
-    action: str
-    rule: Rule
-    matcher: Matcher
+    __slots__ = ("action", "rule", "matcher")
+
+    def __init__(self, action: str, rule: Rule, matcher: Matcher):
+        self.action, self.rule, self.matcher = action, rule, matcher
 
     @property
     def restart(self) -> bool:
@@ -145,11 +145,13 @@ def parse(text: str, default: bool = False) -> Tuple[Rule, ...]:
 DEFAULT_RULES = parse(DEFAULT_TEXT, default=True)
 
 
-@dataclass(frozen=True)
 class FailureRules:
     """The user's rules (none by default) in front of the default rules."""
 
-    rules: Tuple[Rule, ...] = ()
+    __slots__ = ("rules",)
+
+    def __init__(self, rules: Tuple[Rule, ...] = ()):
+        self.rules = rules
 
     @classmethod
     def from_text(cls, text: Optional[str]) -> FailureRules:

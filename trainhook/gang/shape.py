@@ -4,12 +4,14 @@ gang's `min:max` range.
 The parsers raise `ShapeError` naming what is wrong (`kind`, `part`); each caller words the message for its
 reader (the webhook's refusal names the annotation and the fix, the launcher's the TRAINHOOK_* variable), so the
 rules are one and the messages stay where their readers are.
+
+Part of the launcher's start in every gang pod (launcher/deliver.py), so no dataclasses: importing them (and the
+`inspect` they import) cost a start ~7 ms of CPU (issue 32).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Sequence
 
 ELASTIC_RANGE = re.compile(r"^(\d+):(\d+)$")
@@ -28,11 +30,23 @@ class ShapeError(ValueError):
         self.part = part
 
 
-@dataclass(frozen=True)
 class Shape:
-    """The gang's roles and replica counts, in rank order (master/chief first, as Kubeflow ranks them)."""
+    """The gang's roles and replica counts, in rank order (master/chief first, as Kubeflow ranks them). A value:
+    equal to a Shape of the same counts, and never changed once made (the webhook shares the ones it caches)."""
 
-    counts: tuple[tuple[str, int], ...]
+    __slots__ = ("counts",)
+
+    def __init__(self, counts: tuple[tuple[str, int], ...]):
+        self.counts = counts
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Shape) and self.counts == other.counts
+
+    def __hash__(self) -> int:
+        return hash(self.counts)
+
+    def __repr__(self) -> str:
+        return f"Shape(counts={self.counts!r})"
 
     @property
     def roles(self) -> tuple[str, ...]:

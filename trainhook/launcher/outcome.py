@@ -3,13 +3,14 @@
 Why a module of its own: the outcome is what every part of the launcher passes around (the coordinator decides
 it, members end by it, the notary records it, gang_report carries it, `trainhook status` reads it back from a
 workload's annotations), while the policy and settings that lead to it (policy.py) concern one launcher only.
-Everything here is pure and standard library only.
+Everything here is pure and standard library only. Outcome is a plain class, not a dataclass: every gang pod's
+launcher start imports this module, and the dataclasses module (with its `inspect`) was several ms of that start's
+CPU (issue 32).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from trainhook.gang import keys
@@ -23,24 +24,34 @@ EXIT_DEADLINE = 124  # active-deadline-seconds passed: permanent, as timeout(1) 
 EXIT_NOT_ASSEMBLED = 1  # members did not join (or come back) in time
 
 
-@dataclass(frozen=True)
 class Outcome:
-    """How the gang ended. `rank` is the member that decided it (rank 0 for success, the failing member else)."""
+    """How the gang ended. `rank` is the member that decided it (rank 0 for success, the failing member else). A
+    value: equal to an Outcome of the same fields, and never changed once made."""
 
-    phase: str  # SUCCEEDED or FAILED
-    code: int
-    reason: str
-    rank: int
-    time: str  # RFC 3339 UTC
-    attempt: int = 0
-    restarts: int = 0
+    __slots__ = ("phase", "code", "reason", "rank", "time", "attempt", "restarts")
+
+    def __init__(self, phase: str, code: int, reason: str, rank: int, time: str, attempt: int = 0, restarts: int = 0):
+        self.phase = phase  # SUCCEEDED or FAILED
+        self.code, self.reason, self.rank = code, reason, rank
+        self.time = time  # RFC 3339 UTC
+        self.attempt, self.restarts = attempt, restarts
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Outcome) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.to_dict().values()))
+
+    def __repr__(self) -> str:
+        return "Outcome(" + ", ".join(f"{name}={value!r}" for name, value in self.to_dict().items()) + ")"
 
     @property
     def succeeded(self) -> bool:
         return self.phase == SUCCEEDED
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"phase": self.phase, "code": self.code, "reason": self.reason, "rank": self.rank, "time": self.time,
+                "attempt": self.attempt, "restarts": self.restarts}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Outcome:

@@ -2,14 +2,16 @@
 
 The launcher makes no API call: everything it needs to find its peers is in its own environment, so it works
 the same under any RBAC and in the gang-wait init container before the pod has a service account token.
-Parsing is pure (a mapping in, a frozen `GangView` out) and reports every bad variable at once, each by name, so
-someone debugging a hand-written pod (or a webhook bug) sees the whole problem in one line.
+Parsing is pure (a mapping in, a `GangView` out, never changed after) and reports every bad variable at once, each
+by name, so someone debugging a hand-written pod (or a webhook bug) sees the whole problem in one line.
+
+`Peer` and `GangView` are plain classes, not dataclasses: every gang pod's launcher start imports this module, and
+the dataclasses module (with the `inspect` it imports) was several ms of that start's CPU (issue 32).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from trainhook.gang import keys
 from trainhook.gang import shape as model
@@ -29,39 +31,51 @@ class ConfigError(Exception):
         super().__init__("; ".join(self.problems))
 
 
-@dataclass(frozen=True)
 class Peer:
-    """One member of the gang: where it sits (role, index, global rank) and the DNS name it answers on."""
+    """One member of the gang: where it sits (role, index, global rank) and the DNS name it answers on. A value:
+    equal to a Peer of the same fields."""
 
-    role: str
-    index: int
-    rank: int
-    address: str
+    __slots__ = ("role", "index", "rank", "address")
+
+    def __init__(self, role: str, index: int, rank: int, address: str):
+        self.role, self.index, self.rank, self.address = role, index, rank, address
+
+    def _fields(self) -> tuple[str, int, int, str]:
+        return self.role, self.index, self.rank, self.address
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Peer) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"Peer(role={self.role!r}, index={self.index!r}, rank={self.rank!r}, address={self.address!r})"
 
     def __str__(self) -> str:
         return f"rank {self.rank} ({self.role}-{self.index} at {self.address})"
 
 
-@dataclass(frozen=True)
 class GangView:
     """The whole gang as this pod sees it; `peers` is every member (this pod included) in global rank order."""
 
-    framework: str
-    job_name: str
-    namespace: str
-    role: str
-    index: int
-    rank: int
-    peers: tuple[Peer, ...]
-    subdomain: str
-    address: str
-    port: int
-    gang_wait: str
-    gang_wait_port: int
-    wait_timeout: float
-    # PyTorch elastic (min, max) nodes, from PET_NNODES=min:max; None for a fixed-size gang. An elastic gang's
-    # `peers` are every member it may have (max of them): which of them exist changes while it runs.
-    elastic: tuple[int, int] | None = None
+    __slots__ = ("framework", "job_name", "namespace", "role", "index", "rank", "peers", "subdomain", "address",
+                 "port", "gang_wait", "gang_wait_port", "wait_timeout", "elastic")
+
+    def __init__(self, framework: str, job_name: str, namespace: str, role: str, index: int, rank: int,
+                 peers: tuple[Peer, ...], subdomain: str, address: str, port: int, gang_wait: str,
+                 gang_wait_port: int, wait_timeout: float, elastic: tuple[int, int] | None = None):
+        self.framework, self.job_name, self.namespace = framework, job_name, namespace
+        self.role, self.index, self.rank, self.peers = role, index, rank, peers
+        self.subdomain, self.address, self.port = subdomain, address, port
+        self.gang_wait, self.gang_wait_port, self.wait_timeout = gang_wait, gang_wait_port, wait_timeout
+        # PyTorch elastic (min, max) nodes, from PET_NNODES=min:max; None for a fixed-size gang. An elastic gang's
+        # `peers` are every member it may have (max of them): which of them exist changes while it runs.
+        self.elastic = elastic
+
+    def replace(self, **changes: Any) -> GangView:
+        """A copy with `changes` (keyword arguments of GangView), as dataclasses.replace made one."""
+        return GangView(**{**{name: getattr(self, name) for name in GangView.__slots__}, **changes})
 
     @property
     def size(self) -> int:

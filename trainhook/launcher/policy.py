@@ -5,13 +5,15 @@ Why a module of its own: `read_settings` is the one place a launcher turns its T
 trainhook/gang/keys.py) into the gang's policy (on failure, restarts, deadline, failure rules) and its own settings
 (ports, graces, where it runs, whether it parks), refusing bad values by name; `attempt_env` is what the training
 command is given per attempt. Everything here is pure. How the gang ended is outcome.py.
+
+Plain classes, not dataclasses: every gang pod's launcher start reads its settings here, and importing the
+dataclasses module (with its `inspect`) was several ms of that start's CPU (issue 32).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from trainhook.gang import keys
 from trainhook.gang.failure_rules import FailureRules, RulesError
@@ -37,41 +39,48 @@ DEFAULT_FAILURE_SETTLE = 3.0  # plus the stop grace, still within the contract's
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 PORT_SHIFT_WINDOW = 64  # attempts shift MASTER_PORT by (attempt - 1) mod this
+NO_RULES = FailureRules()  # the default rules alone
 
 
-@dataclass(frozen=True)
 class GangPolicy:
     """What the gang does about failures and time, read from the environment of rank 0 (the coordinator)."""
 
-    on_failure: str = FAIL_GANG
-    max_restarts: int = DEFAULT_MAX_RESTARTS
-    deadline: float | None = None  # active-deadline-seconds
-    join_timeout: float = 600.0  # how long members may take to join, or to come back for a restart
-    rules: FailureRules = FailureRules()  # which failures restart-gang retries (trainhook.dev/failure-rules)
-    settle: float = DEFAULT_FAILURE_SETTLE  # see keys.TH_FAILURE_SETTLE
+    __slots__ = ("on_failure", "max_restarts", "deadline", "join_timeout", "rules", "settle")
+
+    def __init__(self, on_failure: str = FAIL_GANG, max_restarts: int = DEFAULT_MAX_RESTARTS,
+                 deadline: float | None = None, join_timeout: float = 600.0, rules: FailureRules = NO_RULES,
+                 settle: float = DEFAULT_FAILURE_SETTLE):
+        self.on_failure, self.max_restarts = on_failure, max_restarts
+        self.deadline = deadline  # active-deadline-seconds
+        self.join_timeout = join_timeout  # how long members may take to join, or to come back for a restart
+        self.rules = rules  # which failures restart-gang retries (trainhook.dev/failure-rules)
+        self.settle = settle  # see keys.TH_FAILURE_SETTLE
 
 
-@dataclass(frozen=True)
 class LaunchSettings:
     """Everything one launcher needs beyond its gang: the policy, ports, graces, and where it runs."""
 
-    policy: GangPolicy
-    # The gang's signing key (gang_protocol), from the notary (notary_client.py): never from the environment, so
-    # read_settings leaves it empty and the launcher fills it in once the notary has answered.
-    key: bytes
-    port: int
-    finish_grace: float
-    stop_grace: float
-    restart_policy: str  # Always: the container is restarted when the launcher exits, so it parks instead
-    workload_kind: str  # StatefulSet, Job, Pod or "" (unknown)
-    workload_name: str
-    state_dir: str
-    local_status: str
-    # The notary the webhook named (TRAINHOOK_NOTARY, TRAINHOOK_NOTARY_CA; "" when none): where the key comes
-    # from and where the coordinator records the outcome.
-    notary_url: str = ""
-    notary_ca: str = ""
-    identity_token: str = IDENTITY_TOKEN_FILE
+    __slots__ = ("policy", "key", "port", "finish_grace", "stop_grace", "restart_policy", "workload_kind",
+                 "workload_name", "state_dir", "local_status", "notary_url", "notary_ca", "identity_token")
+
+    def __init__(self, policy: GangPolicy, key: bytes, port: int, finish_grace: float, stop_grace: float,
+                 restart_policy: str, workload_kind: str, workload_name: str, state_dir: str, local_status: str,
+                 notary_url: str = "", notary_ca: str = "", identity_token: str = IDENTITY_TOKEN_FILE):
+        self.policy = policy
+        # The gang's signing key (gang_protocol), from the notary (notary_client.py): never from the environment,
+        # so read_settings leaves it empty and the launcher fills it in once the notary has answered (replace).
+        self.key, self.port, self.finish_grace, self.stop_grace = key, port, finish_grace, stop_grace
+        # Always: the container is restarted when the launcher exits, so it parks instead.
+        self.restart_policy = restart_policy
+        self.workload_kind = workload_kind  # StatefulSet, Job, Pod or "" (unknown)
+        self.workload_name, self.state_dir, self.local_status = workload_name, state_dir, local_status
+        # The notary the webhook named (TRAINHOOK_NOTARY, TRAINHOOK_NOTARY_CA; "" when none): where the key comes
+        # from and where the coordinator records the outcome.
+        self.notary_url, self.notary_ca, self.identity_token = notary_url, notary_ca, identity_token
+
+    def replace(self, **changes: Any) -> LaunchSettings:
+        """A copy with `changes` (keyword arguments of LaunchSettings), as dataclasses.replace made one."""
+        return LaunchSettings(**{**{name: getattr(self, name) for name in LaunchSettings.__slots__}, **changes})
 
     @property
     def parks(self) -> bool:

@@ -29,11 +29,12 @@ The rules (contract section 7):
 - A gang restart is also an Event on the gang's workloads (`events`, sent by the launcher through the notary,
   best effort: it never holds the gang up).
 - An elastic gang (PyTorch `trainhook.dev/elastic: min:max`) changes size while it runs: elastic.py says how.
+
+CoordinatorState is a plain class, not a dataclass: rank 0's launcher start imports this module, and the dataclasses
+module (with its `inspect`) was several ms of that start's CPU (issue 32).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from trainhook.launcher.coordination import elastic
 from trainhook.gang.failure_rules import LOST_PEER, describe_code
@@ -61,36 +62,32 @@ def deciding_rank(gang: GangView) -> int:
     return 0
 
 
-@dataclass
 class CoordinatorState:
-    gang: GangView
-    policy: GangPolicy
-    now: float  # wall-clock time of creation (the first barrier starts here)
-    phase: str = ASSEMBLING
-    attempt: int = 0
-    restarts: int = 0
-    since: float | None = None
-    barrier_since: float = 0.0
-    outcome: Outcome | None = None
-    records: list[Record] = field(default_factory=list)
-    outbox: list[tuple[int, dict]] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)
-    decider: int = field(init=False, default=0)  # deciding_rank(gang)
-    short_since: float | None = None  # an elastic gang has had fewer than min members since
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message) for the notary
-    claims_refused: set = field(default_factory=set)  # ranks whose claimed outcome was refused (logged once)
-    tails: dict = field(default_factory=dict)  # rank -> the last lines of its latest ended training (the outcome's)
-    settling: tuple | None = None  # (rank, code, reason, until): a failure fatal by default, waiting (_failure)
-    # Cursors that keep the barrier and the delivery check O(1) per event at 10,000 members (issue 32): the first
-    # rank not yet known ready (_advance) and not yet known to have acknowledged the outcome (delivered).
-    ready_cursor: int = 0
-    acked_cursor: int = 0
-    outcome_body: dict | None = None  # the `done` message, one object for every member (sent once per member)
+    __slots__ = ("gang", "policy", "now", "phase", "attempt", "restarts", "since", "barrier_since", "outcome",
+                 "records", "outbox", "log", "decider", "short_since", "events", "claims_refused", "tails",
+                 "settling", "ready_cursor", "acked_cursor", "outcome_body")
 
-    def __post_init__(self) -> None:
-        self.records = [Record() for _ in self.gang.peers]
-        self.barrier_since = self.now
-        self.decider = deciding_rank(self.gang)
+    def __init__(self, gang: GangView, policy: GangPolicy, now: float):
+        self.gang, self.policy = gang, policy
+        self.now = now  # wall-clock time of creation (the first barrier starts here)
+        self.phase, self.attempt, self.restarts = ASSEMBLING, 0, 0
+        self.since: float | None = None
+        self.barrier_since = now
+        self.outcome: Outcome | None = None
+        self.records = [Record() for _ in gang.peers]
+        self.outbox: list[tuple[int, dict]] = []
+        self.log: list[str] = []
+        self.decider = deciding_rank(gang)
+        self.short_since: float | None = None  # an elastic gang has had fewer than min members since
+        self.events: list[tuple[str, str, str]] = []  # (type, reason, message) for the notary
+        self.claims_refused: set = set()  # ranks whose claimed outcome was refused (logged once)
+        self.tails: dict = {}  # rank -> the last lines of its latest ended training (the outcome's)
+        self.settling: tuple | None = None  # (rank, code, reason, until): a failure fatal by default, waiting
+        # Cursors that keep the barrier and the delivery check O(1) per event at 10,000 members (issue 32): the first
+        # rank not yet known ready (_advance) and not yet known to have acknowledged the outcome (delivered).
+        self.ready_cursor = 0
+        self.acked_cursor = 0
+        self.outcome_body: dict | None = None  # the `done` message, one object for every member (sent once per member)
 
     @property
     def elastic(self) -> bool:

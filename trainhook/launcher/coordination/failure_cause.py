@@ -13,7 +13,9 @@ TIMEOUT), which a training whose peer died reports as a plain exit 1.
 Only exceptions decide the symptom, and only when every exception the output shows has one: a ValueError next
 to a "Connection reset by peer" is the program's own failure (its peers lost it), not a lost peer.
 
-Pure (text in, `Cause` out) but for `error_file_env`/`read_error_file`; standard library only.
+Pure (text in, `Cause` out) but for `error_file_env`/`read_error_file`; standard library only. Every gang pod's
+launcher start imports it, so `Cause` is a plain class, not a dataclass (issue 32: the dataclasses module with its
+`inspect` was several ms of each start's CPU).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from trainhook.gang.failure_rules import LOST_PEER, TIMEOUT, signal_name
@@ -49,13 +50,24 @@ PEER_LOST = re.compile(r"connection (?:closed|reset) by peer|broken pipe|remote 
 TIMED_OUT = re.compile(r"timed? ?out|timeout|DistStoreError|deadline exceeded", re.I)
 
 
-@dataclass(frozen=True)
 class Cause:
-    """The code the gang judges, the symptom recognized ("" for none) and what was seen, in words."""
+    """The code the gang judges, the symptom recognized ("" for none) and what was seen, in words. A value: equal
+    to a Cause of the same fields."""
 
-    code: int
-    symptom: str = ""
-    detail: str = ""
+    __slots__ = ("code", "symptom", "detail")
+
+    def __init__(self, code: int, symptom: str = "", detail: str = ""):
+        self.code, self.symptom, self.detail = code, symptom, detail
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cause) and (self.code, self.symptom, self.detail) == (
+            other.code, other.symptom, other.detail)
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.symptom, self.detail))
+
+    def __repr__(self) -> str:
+        return f"Cause(code={self.code!r}, symptom={self.symptom!r}, detail={self.detail!r})"
 
 
 def one_line(text: str) -> str:

@@ -36,7 +36,6 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainhook.gang import keys
@@ -397,4 +396,4 @@ def run_gang(argv: Sequence[str], env: Mapping[str, str]) -> int:
     except notary_client.NotaryError as e:
         say(f"cannot join the gang: {e}")
         return EXIT_NOT_ASSEMBLED
-    return MemberLauncher(argv, env, gang, replace(settings, key=key), notary).run()
+    return MemberLauncher(argv, env, gang, settings.replace(key=key), notary).run()

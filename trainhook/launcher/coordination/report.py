@@ -2,11 +2,12 @@
 
 Kept apart from the coordinator's decisions (coordinator.py) so that the member's side (gang_run.py) and the
 decisions share one definition of a report, checked the same way wherever it is read.
+
+Plain classes, not dataclasses: every gang pod's launcher start imports this module, and the dataclasses module
+(with its `inspect`) was several ms of that start's CPU (issue 32).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from trainhook.launcher.outcome import Outcome
 
@@ -18,20 +19,21 @@ STATUSES = (IDLE, RUNNING, EXITED, STOPPED, DONE)
 MAX_TAIL, MAX_CAUSE, MAX_SYMPTOM = 4096, 256, 32
 
 
-@dataclass
 class Report:
     """A member's account of itself: sent on joining and whenever it changes."""
 
-    attempt: int = 0
-    status: str = IDLE
-    code: int | None = None
-    restarts: int = 0
-    since: float | None = None  # wall-clock time the gang's first attempt started, as this member knows it
-    outcome: dict | None = None
-    tail: str | None = None  # the last lines of this attempt's training, once it ended (output_tail)
-    cause: str = ""  # why the training could not start (`command not found: torchrun`), once it ended
-    # What its launcher recognized in the failure (failure_cause: `lost-peer`, `timeout`), for failure_rules.
-    symptom: str = ""
+    __slots__ = ("attempt", "status", "code", "restarts", "since", "outcome", "tail", "cause", "symptom")
+
+    def __init__(self, attempt: int = 0, status: str = IDLE, code: int | None = None, restarts: int = 0,
+                 since: float | None = None, outcome: dict | None = None, tail: str | None = None, cause: str = "",
+                 symptom: str = ""):
+        self.attempt, self.status, self.code, self.restarts = attempt, status, code, restarts
+        self.since = since  # wall-clock time the gang's first attempt started, as this member knows it
+        self.outcome = outcome
+        self.tail = tail  # the last lines of this attempt's training, once it ended (output_tail)
+        self.cause = cause  # why the training could not start (`command not found: torchrun`), once it ended
+        # What its launcher recognized in the failure (failure_cause: `lost-peer`, `timeout`), for failure_rules.
+        self.symptom = symptom
 
     def to_dict(self) -> dict:
         body = {"attempt": self.attempt, "status": self.status, "code": self.code, "restarts": self.restarts,
@@ -73,17 +75,18 @@ class Report:
         return cls(attempt, status, code, restarts, since, outcome, tail, cause, symptom)
 
 
-@dataclass
 class Record:
     """What the coordinator knows of one member."""
 
-    connection: int = 0  # the live connection's id; 0 when the member is not connected
-    attempt: int = 0
-    status: str = IDLE
-    code: int | None = None
-    acked: bool = False  # it acknowledged the outcome
-    told: int = 0  # the connection it was last told the outcome on
-    left: bool = False  # an elastic gang's member that said it is leaving (scaled down, or its pod deleted)
+    __slots__ = ("connection", "attempt", "status", "code", "acked", "told", "left")
+
+    def __init__(self, connection: int = 0, attempt: int = 0, status: str = IDLE, code: int | None = None,
+                 acked: bool = False, told: int = 0, left: bool = False):
+        self.connection = connection  # the live connection's id; 0 when the member is not connected
+        self.attempt, self.status, self.code = attempt, status, code
+        self.acked = acked  # it acknowledged the outcome
+        self.told = told  # the connection it was last told the outcome on
+        self.left = left  # an elastic gang's member that said it is leaving (scaled down, or its pod deleted)
 
     @property
     def present(self) -> bool:

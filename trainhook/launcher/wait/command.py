@@ -33,7 +33,6 @@ are wait_dns.py, the `tcp` barrier wait_tcp.py.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from trainhook.launcher.pod_view import GangView
 from trainhook.launcher.reach import LISTED, Backoff, describe, listen, qualified, search_domain
@@ -57,7 +56,7 @@ def elastic_wait_view(gang: GangView) -> GangView:
         say(f"{gang.me} is beyond the elastic gang's first {low} members: waiting for addresses (dns) "
             f"instead of the tcp barrier, which they ran at the gang's start")
     first = gang.peers[:low] + ((gang.me,) if gang.rank >= low else ())
-    return replace(gang, peers=first, gang_wait=mode, elastic=None)
+    return gang.replace(peers=first, gang_wait=mode, elastic=None)
 
 
 def wait(gang: GangView) -> int:
