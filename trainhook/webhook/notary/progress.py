@@ -94,21 +94,26 @@ class Gate:
         return 0.0
 
 
-async def post_progress(notary: Notary, verified: Verified, body: object) -> dict:
-    """The notary's `POST /v1/progress` action (webhook/notary/routes.py routes it)."""
-    detail = parse_progress(body)
-    gang = verified.gang
-    if not gang.coordinator:
-        raise Refusal(403, f"pod {verified.place.namespace}/{verified.place.pod} is not the coordinator of gang "
-                           f"{gang.namespace}/{gang.job} (rank 0's pod {gang.anchor_pod} is): only it may report "
-                           f"the gang's progress")
-    wait = notary.progress_gate.wait(gang.gang_id)
-    if wait > 0:
-        raise Refusal(429, f"progress of gang {gang.namespace}/{gang.job} was recorded less than "
-                           f"{notary.progress_gate.interval:g} s ago: send the newest report in {wait:.0f} s")
-    notary.metrics.gang_progress(gang.gang_id, gang.namespace, gang.job, verified.place.member.framework, detail)
-    if gang.bare:
-        return {"recorded": "", "progress": detail}
-    ref = gang.anchor_workload
-    await notary.authority.patch_workload(gang.namespace, ref.kind, ref.name, progress_patch(detail))
-    return {"recorded": f"{ref.kind}/{ref.name}", "progress": detail}
+def post_progress(gate: Gate):
+    """The notary's `POST /v1/progress` action (webhook/notary/routes.py routes it), writing each gang at most once
+    per `gate.interval`: the gate is the route's own state, so the notary's core knows nothing of progress."""
+
+    async def action(notary: Notary, verified: Verified, body: object) -> dict:
+        detail = parse_progress(body)
+        gang = verified.gang
+        if not gang.coordinator:
+            raise Refusal(403, f"pod {verified.place.namespace}/{verified.place.pod} is not the coordinator of gang "
+                               f"{gang.namespace}/{gang.job} (rank 0's pod {gang.anchor_pod} is): only it may "
+                               f"report the gang's progress")
+        wait = gate.wait(gang.gang_id)
+        if wait > 0:
+            raise Refusal(429, f"progress of gang {gang.namespace}/{gang.job} was recorded less than "
+                               f"{gate.interval:g} s ago: send the newest report in {wait:.0f} s")
+        notary.metrics.gang_progress(gang.gang_id, gang.namespace, gang.job, verified.place.member.framework, detail)
+        if gang.bare:
+            return {"recorded": "", "progress": detail}
+        ref = gang.anchor_workload
+        await notary.authority.patch_workload(gang.namespace, ref.kind, ref.name, progress_patch(detail))
+        return {"recorded": f"{ref.kind}/{ref.name}", "progress": detail}
+
+    return action

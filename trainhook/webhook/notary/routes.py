@@ -140,5 +140,5 @@ def create_app(notary: Notary) -> web.Application:
     app.router.add_get("/v1/outcome", handler(get_outcome))
     app.router.add_post("/v1/outcome", handler(post_outcome))
     app.router.add_post("/v1/event", handler(post_event))
-    app.router.add_post("/v1/progress", handler(notary_progress.post_progress))
+    app.router.add_post("/v1/progress", handler(notary_progress.post_progress(notary_progress.Gate())))
     return app

@@ -38,7 +38,6 @@ from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, Gang, Identity,
 from trainhook.webhook.notary.records import (event, outcome_message, rank_pods, record_patch, recorded_outcome,
                                               same_record)
 from trainhook.webhook.notary.authority import Authority, Conflict, Unreachable
-from trainhook.webhook.notary import progress as notary_progress
 from trainhook.webhook.notary.metrics import NotaryMetrics
 
 log = logging.getLogger("trainhook.webhook.notary")
@@ -98,7 +97,6 @@ class Notary:
         self.refused = RefusalCache()
         self.bare_outcomes: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self.metrics = NotaryMetrics() if metrics is None else metrics
-        self.progress_gate = notary_progress.Gate()  # at most one progress write per gang every few seconds
 
     async def verify(self, token: str, shared: bool = False) -> Verified:
         """Who sent the request, and their gang (Refusal otherwise). The requester's pod is always read afresh.
