@@ -28,6 +28,14 @@ MASTER_ROLES = ("master", "chief", "launcher")
 REPLICA_TYPES = sorted({role for roles in keys.ROLES.values() for role in roles})
 
 
+class JobFailed(RuntimeError):
+    """wait_for_job: the gang failed; `.state` is its last state."""
+
+    def __init__(self, state: GangState):
+        super().__init__(f"gang {state.name} failed: {state.detail or 'see get_job_logs'}")
+        self.state = state
+
+
 @dataclass
 class JobCondition:
     """Kubeflow's V1JobCondition, field for field (`status` is the string "True" or "False")."""
@@ -161,7 +169,6 @@ class ConditionCalls:
         """Wait until the gang has one of `expected_conditions` (default {"Succeeded"}) and return its state;
         `callback(state)` after each look. A failure not expected raises trainhook.JobFailed (a RuntimeError, as
         Kubeflow raises); TimeoutError after `wait_timeout` seconds."""
-        from trainhook.sdk.core import JobFailed
 
         wanted = set(expected_conditions or {SUCCEEDED})
         if not wanted <= JOB_CONDITIONS:

@@ -29,20 +29,12 @@ from trainhook.cluster.status import GangState, container_started, training_cont
 from trainhook.render.objects import Scheduling
 from trainhook.render.options import RenderOptions, render
 from trainhook.sdk.command import function_command
-from trainhook.sdk.conditions import ConditionCalls, select_pods
+from trainhook.sdk.conditions import ConditionCalls, JobFailed, select_pods
 from trainhook.sdk.kubeflow import JOB_KINDS, env_entries, framework_of, job_only, kubeflow_job, nproc_per_node, \
     one_of, pod_resources, replica_roles
 
 DEFAULT_BASE_IMAGE = "docker.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 __all__ = ["DEFAULT_BASE_IMAGE", "JobFailed", "TrainingClient", "job_manifests", "pod_resources"]
-
-
-class JobFailed(RuntimeError):
-    """wait_for_job: the gang failed; `.state` is its last state."""
-
-    def __init__(self, state: GangState):
-        super().__init__(f"gang {state.name} failed: {state.detail or 'see get_job_logs'}")
-        self.state = state
 
 
 def job_manifests(name: str, func: Callable | None = None, func_args: dict | None = None,
