@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from functools import lru_cache
+from types import EllipsisType
 
 from trainhook.gang import keys
 from trainhook.webhook.admission.member import Problems
@@ -70,10 +71,12 @@ def _claim(namespace: str, pod: dict, owner: tuple[str, str, str] | None) -> byt
     return "\0".join(("trainhook provenance", STAMP_VERSION, namespace, *owner, job, place)).encode()
 
 
-def stamp(key: bytes, namespace: str, pod: dict, owner: tuple[str, str, str] | None = None) -> str | None:
+def stamp(key: bytes, namespace: str, pod: dict,
+          owner: tuple[str, str, str] | None | EllipsisType = ...) -> str | None:
     """The stamp of a controller-made gang pod under `key`, or None (no key, or no controller to vouch for).
-    `owner` is the pod's controller_ref when the caller has it (admission reads it once per pod)."""
-    claim = _claim(namespace, pod, owner if owner is not None else controller_ref(pod))
+    `owner` is the pod's controller_ref (None: it has none) when the caller has read it (admission reads it once
+    per pod); left out, it is read here."""
+    claim = _claim(namespace, pod, controller_ref(pod) if owner is ... else owner)
     if not key or claim is None:
         return None
     mac = _keyed(key).copy()
