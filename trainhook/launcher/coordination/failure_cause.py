@@ -31,23 +31,25 @@ from trainhook.launcher.process import EXIT_NOT_FOUND
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch.distributed.elastic's error file, read by torchrun and @record
 MAX_DETAIL = 200
 
+# The patterns below are text, flags inline, compiled by `re` on their first use (and kept in its cache): only a
+# failed training is read, and compiling them all at import was ~1.5 ms of every launcher's start (issue 32).
 # torchrun's failure report (torch.distributed.elastic.multiprocessing.errors.ChildFailedError, torch 1.9 to 2.x).
-ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(.*?)(?:\n=+|\Z)", re.S)
-EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
-LOCAL_RANK = re.compile(r"local_rank:\s*(\d+)|rank\s*:\s*\d+\s*\(local_rank:\s*(\d+)\)")
-AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+ROOT_CAUSE = r"(?s)Root Cause \(first observed failure\):(.*?)(?:\n=+|\Z)"
+EXITCODE = r"exitcode\s*:\s*(-?\d+)"
+LOCAL_RANK = r"local_rank:\s*(\d+)|rank\s*:\s*\d+\s*\(local_rank:\s*(\d+)\)"
+AGENT_FAILED = r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)"
 # torchrun itself stopped by a signal (SignalException), in its error file or its last words.
-AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+AGENT_SIGNAL = r"SignalException: Process \d+ got signal: (\d+)"
 # The last line of a Python traceback (`RuntimeError: ...`, `torch.distributed.DistNetworkError: ...`), as torch
 # prints it, possibly behind its `[rank0]:` prefix.
-EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Timeout|Interrupt))"
-                       r"(?::\s*(.*))?$", re.M)
+EXCEPTION = (r"(?m)^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Timeout|Interrupt))"
+             r"(?::\s*(.*))?$")
 # What is no failure of the training's own: torchrun's summary of its workers, its shutdown on a signal.
 NOT_THE_CAUSE = ("ChildFailedError", "SignalException", "KeyboardInterrupt")
-PEER_LOST = re.compile(r"connection (?:closed|reset) by peer|broken pipe|remote process exited|ncclRemoteError|"
-                       r"communicator was aborted|DistNetworkError|RendezvousClosedError|RendezvousConnectionError|"
-                       r"failed to recv, got 0 bytes|peer (?:closed|hung up)|socket closed", re.I)
-TIMED_OUT = re.compile(r"timed? ?out|timeout|DistStoreError|deadline exceeded", re.I)
+PEER_LOST = (r"(?i)connection (?:closed|reset) by peer|broken pipe|remote process exited|ncclRemoteError|"
+             r"communicator was aborted|DistNetworkError|RendezvousClosedError|RendezvousConnectionError|"
+             r"failed to recv, got 0 bytes|peer (?:closed|hung up)|socket closed")
+TIMED_OUT = r"(?i)timed? ?out|timeout|DistStoreError|deadline exceeded"
 
 
 class Cause:
@@ -91,13 +93,13 @@ def error_file_message(text: Optional[str]) -> str:
 
 def torchrun_root_cause(output: str) -> Optional[tuple]:
     """(exit code, local rank or None) of the failure torchrun names as the root cause, if its report is there."""
-    blocks = ROOT_CAUSE.findall(output)
+    blocks = re.findall(ROOT_CAUSE, output)
     if blocks:
-        code = EXITCODE.search(blocks[-1])
+        code = re.search(EXITCODE, blocks[-1])
         if code:
-            rank = LOCAL_RANK.search(blocks[-1])
+            rank = re.search(LOCAL_RANK, blocks[-1])
             return int(code.group(1)), (rank.group(1) or rank.group(2)) if rank else None
-    failed = AGENT_FAILED.search(output)
+    failed = re.search(AGENT_FAILED, output)
     if failed:
         return int(failed.group(1)), failed.group(2)
     return None
@@ -108,9 +110,9 @@ def symptom_of(exceptions: list) -> tuple:
     found = []
     for kind, message in exceptions:
         line = f"{kind}: {message}" if message else kind
-        if PEER_LOST.search(line):
+        if re.search(PEER_LOST, line):
             found.append((LOST_PEER, line))
-        elif TIMED_OUT.search(line):
+        elif re.search(TIMED_OUT, line):
             found.append((TIMEOUT, line))
         else:
             return "", ""
@@ -136,11 +138,11 @@ def judge(code: int, output: str = "", error_file: Optional[str] = None) -> Caus
             return Cause(code, "", f"{who} was killed by {signal_name(code) or f'signal {-worker}'}")
         code, detail = worker, f"{who} exited with {worker}"
     else:
-        stopped = AGENT_SIGNAL.search(message) or AGENT_SIGNAL.search(output)
+        stopped = re.search(AGENT_SIGNAL, message) or re.search(AGENT_SIGNAL, output)
         if stopped:
             code = 128 + int(stopped.group(1))
             return Cause(code, "", f"torchrun was stopped by {signal_name(code) or 'a signal'}")
-    exceptions = [(kind, text or "") for kind, text in EXCEPTION.findall(output)
+    exceptions = [(kind, text or "") for kind, text in re.findall(EXCEPTION, output)
                   if kind.rsplit(".", 1)[-1] not in NOT_THE_CAUSE]
     if message:
         head = message.strip().splitlines()[0] if message.strip() else ""
@@ -184,7 +186,7 @@ def read_error_file(path: str, since: float) -> Optional[str]:
 
 # A missing command as shells and the launcher say it: `exec: torchrun: not found`, `torchrun: command not found`,
 # `command not found: torchrun`.
-MISSING = re.compile(r"(?:^|\s|:)([^\s:]+): (?:command )?not found\s*$|command not found: (\S+)")
+MISSING = r"(?:^|\s|:)([^\s:]+): (?:command )?not found\s*$|command not found: (\S+)"  # text, as above
 
 
 def command_missing(code: int, tail: str) -> str:
@@ -193,7 +195,7 @@ def command_missing(code: int, tail: str) -> str:
     if code != EXIT_NOT_FOUND:
         return ""
     for line in reversed(tail.splitlines()[-5:]):
-        found = MISSING.search(line)
+        found = re.search(MISSING, line)
         if found:
             return f"command not found: {found.group(1) or found.group(2)}"[:200]
     return ""
