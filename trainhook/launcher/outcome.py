@@ -10,7 +10,7 @@ CPU (issue 32).
 
 from __future__ import annotations
 
-import datetime as dt
+import time
 from typing import Mapping
 
 from trainhook.gang import keys
@@ -84,5 +84,7 @@ class Outcome:
         return f"gang {self.phase.lower()}{restarts}: {self.reason} (exit {self.code})"
 
 
-def now_rfc3339(now: dt.datetime | None = None) -> str:
-    return (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_rfc3339(when: float | None = None) -> str:
+    """`when` (seconds since the epoch; now by default) in RFC 3339 UTC, to the second. With `time`, not
+    `datetime`, whose import was ~0.5 ms of every launcher's start (issue 32)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))

@@ -29,7 +29,6 @@ marker, the notary's record, exit or park) is ending.py, shared with the MPI com
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import queue
 import shutil
@@ -363,7 +362,7 @@ class MemberLauncher:
         if self.coordinator is not None:
             state = self.coordinator.state
             if state.since is not None:
-                details["started"] = now_rfc3339(dt.datetime.fromtimestamp(state.since, dt.timezone.utc))
+                details["started"] = now_rfc3339(state.since)
             tails = dict(state.tails)
             if self.report.tail is not None:
                 tails[self.gang.rank] = self.report.tail
