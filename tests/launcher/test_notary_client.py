@@ -151,3 +151,17 @@ def test_a_listener_that_answers_no_http_is_not_reachable(notary):
     finally:
         thread.join(10)
         server.close()
+
+
+def test_a_notary_whose_certificate_does_not_name_the_host_is_refused(notary, monkeypatch):
+    """The host name goes to ssl as ASCII bytes (notary_client.connection: no idna codec to import), and ssl
+    still checks the certificate against it: the notary's names are localhost and 127.0.0.1, not notary.example."""
+    gang_notary, pods = notary
+    token = gang_notary.env(pods[0])["TRAINHOOK_IDENTITY_TOKEN"]
+    loopback = socket.create_connection
+    monkeypatch.setattr(socket, "create_connection",
+                        lambda address, *args, **kwargs: loopback(("127.0.0.1", address[1]), *args, **kwargs))
+    assert NotaryClient(gang_notary.url, gang_notary.ca_pem, token).credential()["key"]  # localhost: its name
+    with pytest.raises(NotaryError, match="failed TLS verification against TRAINHOOK_NOTARY_CA") as failed:
+        NotaryClient(gang_notary.url.replace("localhost", "notary.example"), gang_notary.ca_pem, token).credential()
+    assert "Hostname mismatch" in str(failed.value), failed.value

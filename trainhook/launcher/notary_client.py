@@ -35,6 +35,7 @@ from trainhook.gang import keys
 from trainhook.launcher.policy import IDENTITY_TOKEN_FILE as TOKEN_FILE
 from trainhook.launcher.outcome import Outcome
 from trainhook.launcher.policy import LaunchSettings
+from trainhook.launcher.reach import ascii_name, dial
 from trainhook.launcher.speak import speaker
 from trainhook.gang.keys import TH_IDENTITY_TOKEN
 
@@ -156,12 +157,12 @@ class NotaryClient:
         """A new TLS connection for one call (a launcher's few calls are seconds to minutes apart): the notary's
         certificate verified against its CA, for its host name; `timeout` on the connect, the handshake and each
         read. TCP_NODELAY as http.client sets it: the request goes out right behind the handshake's last message
-        (two writes, then a read), which Nagle's algorithm would hold until the server's delayed ACK (~40 ms)."""
-        raw = socket.create_connection((self.host, self.port), timeout=self.timeout,
-                                       source_address=self.source_address)
+        (two writes, then a read), which Nagle's algorithm would hold until the server's delayed ACK (~40 ms).
+        The host name goes to the lookup (reach.dial) and to ssl as reach.ascii_name gives it: no idna codec."""
+        raw = dial(self.host, self.port, self.timeout, self.source_address)
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return self.context.wrap_socket(raw, server_hostname=self.host)
+            return self.context.wrap_socket(raw, server_hostname=ascii_name(self.host))
         except BaseException:
             raw.close()
             raise

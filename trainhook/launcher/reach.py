@@ -99,9 +99,24 @@ def is_ip(address: str) -> bool:
     return False
 
 
+def ascii_name(name: str) -> str | bytes:
+    """`name` as getaddrinfo (socket.create_connection) and ssl's server_hostname take it without the idna codec:
+    its ASCII bytes. Given a str, both run it through that codec, which for an ASCII name gives the same bytes, and
+    importing it (encodings.idna, stringprep, unicodedata) was ~1.5 ms of every launcher's start (issue 32). Pod,
+    Service and peer names and addresses are ASCII; anything else stays a str, for the codec."""
+    return name.encode("ascii") if name.isascii() else name
+
+
+def dial(host: str, port: int, timeout: float, source_address: tuple[str, int] | None = None) -> socket.socket:
+    """socket.create_connection to `host` as ascii_name gives it: typeshed says a str, but the lookup it makes,
+    getaddrinfo, takes bytes as well (in every Python 3)."""
+    return socket.create_connection((ascii_name(host), port), timeout=timeout,  # type: ignore[arg-type]
+                                    source_address=source_address)
+
+
 def first_address(name: str) -> str:
     """The first address `name` resolves to for a TCP connection (IPv4 or IPv6); socket.gaierror if none."""
-    return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
+    return str(socket.getaddrinfo(ascii_name(name), None, type=socket.SOCK_STREAM)[0][4][0])
 
 
 def stale(error: BaseException) -> bool:
@@ -150,7 +165,7 @@ def connect_peer(peer: PeerAddress, port: int, timeout: float) -> socket.socket:
     """A TCP connection to the peer's address (resolved or reused); the error raised is the connect's or the
     lookup's, and the peer is told about it."""
     try:
-        return socket.create_connection((peer.get(), port), timeout=timeout)
+        return dial(peer.get(), port, timeout)
     except OSError as e:
         peer.failed(e)
         raise
