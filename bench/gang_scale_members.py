@@ -36,7 +36,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,19 +66,26 @@ def emit(event: str, **fields) -> None:
         sys.stdout.flush()
 
 
+def changed(value, **changes):
+    """A copy of a launcher value (Peer, GangView, LaunchSettings, Report: plain classes with __slots__, whose
+    __init__ takes every slot) with `changes`, as dataclasses.replace made one."""
+    kind = type(value)
+    return kind(**{**{name: getattr(value, name) for name in kind.__slots__}, **changes})
+
+
 def load_gang(path: str, port: int) -> tuple[GangView, LaunchSettings]:
     """Rank 0's pod's environment as the webhook admitted it, its coordinator on loopback at `port`."""
     env = json.loads(Path(path).read_text())
     gang = parse_gang(env)
-    peers = (replace(gang.peers[0], address="127.0.0.1"),) + gang.peers[1:]
-    gang = replace(gang, peers=peers)
-    return gang, replace(read_settings(env, gang), port=port)
+    peers = (changed(gang.peers[0], address="127.0.0.1"),) + gang.peers[1:]
+    gang = changed(gang, peers=peers)
+    return gang, changed(read_settings(env, gang), port=port)
 
 
 def as_rank(gang: GangView, rank: int) -> GangView:
     """The same gang seen from another member's pod (its peers tuple shared, not copied: 10,000 members)."""
     peer = gang.peers[rank]
-    return replace(gang, role=peer.role, index=peer.index, rank=rank, address=peer.address)
+    return changed(gang, role=peer.role, index=peer.index, rank=rank, address=peer.address)
 
 
 class Tagged:
@@ -167,7 +173,7 @@ class Members:
             return
         self.mark("key", rank)
         report = self.reports[rank] = Report()
-        link = Link(as_rank(self.gang, rank), replace(self.settings, key=key), Tagged(rank, self.events), report)
+        link = Link(as_rank(self.gang, rank), changed(self.settings, key=key), Tagged(rank, self.events), report)
         self.links[rank] = link
         if self.connector is not None:
             self.connector.submit(self.connect, rank)
@@ -266,21 +272,21 @@ class Members:
                 self.update(rank, Report(attempt, RUNNING, None, int(body.get("restarts", 0)), body.get("since")))
                 self.mark(f"start{attempt}", rank)
             elif kind == "stop" and report.status == RUNNING and report.attempt == body.get("attempt"):
-                self.update(rank, replace(report, status=STOPPED, code=143))
+                self.update(rank, changed(report, status=STOPPED, code=143))
                 self.mark(f"stop{report.attempt}", rank)
             elif kind == "done":
                 outcome = Outcome.from_dict(body["outcome"])
-                self.update(rank, replace(report, status=DONE, outcome=outcome.to_dict()))
+                self.update(rank, changed(report, status=DONE, outcome=outcome.to_dict()))
                 self.mark("done", rank)
 
     def command(self, words: list[str]) -> None:
         if words[0] == "fail":  # a member's training killed (exit 137): restart-gang retries a signal
             rank = int(words[1])
             self.mark("fail", rank)
-            self.update(rank, replace(self.reports[rank], status=EXITED, code=137))
+            self.update(rank, changed(self.reports[rank], status=EXITED, code=137))
         elif words[0] == "finish":  # every member finished its part (exit 0)
             for rank in self.ranks:
-                self.update(rank, replace(self.reports[rank], status=EXITED, code=0))
+                self.update(rank, changed(self.reports[rank], status=EXITED, code=0))
                 self.mark("finish", rank)
 
     def summary(self) -> dict:
@@ -336,7 +342,7 @@ def run_coordinator(args) -> int:
             delivered = coordinator.wait_delivered(120)
             acked = time.time()
             outcome = coordinator.state.outcome
-            said = (ending.record_through_notary(gang, replace(settings, key=key), outcome, say, notary)
+            said = (ending.record_through_notary(gang, changed(settings, key=key), outcome, say, notary)
                     if outcome else "no outcome")
             emit("recorded", finished=finished, acked=acked, recorded=time.time(), delivered=delivered,
                  said=said, outcome=outcome.to_dict() if outcome else None)
