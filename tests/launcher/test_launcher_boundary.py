@@ -338,7 +338,9 @@ ZIP_SOURCE_ONLY = [
     'trainhook/launcher/wait/__init__.py',
     'trainhook/launcher/wait/command.py',
     'trainhook/launcher/wait/dns.py',
+    'trainhook/launcher/wait/gathering.py',
     'trainhook/launcher/wait/tcp.py',
+    'trainhook/launcher/wait/tcp_lines.py',
 ]
 
 

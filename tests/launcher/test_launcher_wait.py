@@ -23,7 +23,7 @@ from trainhook.launcher.pod_view import GangView, parse_gang
 from trainhook.launcher import reach
 from trainhook.launcher.wait import command as wait_module
 from trainhook.launcher.wait import dns as dns_mode
-from trainhook.launcher.wait.tcp import PROTOCOL, missing_line, parse_hello, parse_missing
+from trainhook.launcher.wait.tcp_lines import PROTOCOL, missing_line, parse_hello, parse_missing
 
 LAUNCH = [sys.executable, "-m", "trainhook.launcher.cli"]
 ADDRESSES = ["job-master-0.job", "job-worker-0.job", "job-worker-1.job"]  # ranks 0, 1, 2
