@@ -7,6 +7,7 @@ only rank 0 (the coordinator) or another command needs, nor the standard library
 
 from __future__ import annotations
 
+import ast
 import glob
 import importlib.util
 import io
@@ -139,7 +140,28 @@ def test_a_members_start_imports_only_modules_with_bytecode_and_not_the_coordina
     # What issue 32 took off every start: http.client (notary_client), dataclasses with its inspect (plain classes),
     # the idna codec (the notary's host name as bytes), datetime (outcome.now_rfc3339).
     assert not {"http.client", "dataclasses", "inspect", "encodings.idna", "datetime"} & (member | rank0)
+    # typing (~4 ms): the launcher's modules import its names for annotations only (trainhook/launcher/__init__.py);
+    # trainhook/__init__.py, the package's own, still imports it.
+    sources = entries(ZIP)
+    loads = {}
+    for module in ours - {"trainhook"}:
+        path = module.replace(".", "/")
+        loads[module] = typing_at_run_time(sources.get(f"{path}.py") or sources[f"{path}/__init__.py"])
+    assert {module: lines for module, lines in loads.items() if lines} == {}
 
+
+
+
+def typing_at_run_time(source: bytes) -> list[int]:
+    """The lines of a module that import typing outside `if TYPE_CHECKING:` (with TYPE_CHECKING its own False)."""
+    tree = ast.parse(source)
+    guarded = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+               and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+               for statement in node.body for inner in ast.walk(statement)}
+    assert not guarded or b"\nTYPE_CHECKING = False" in source, "TYPE_CHECKING imported from typing"
+    return [node.lineno for node in ast.walk(tree) if id(node) not in guarded and (
+        (isinstance(node, ast.Import) and any(alias.name == "typing" for alias in node.names))
+        or (isinstance(node, ast.ImportFrom) and node.module == "typing"))]
 
 def test_the_zip_does_not_depend_on_what_the_building_process_interned():
     # Seen in CI: a long test session built other bytes than a fresh process (the one-character string '?' had

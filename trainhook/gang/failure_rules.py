@@ -25,9 +25,12 @@ dataclasses module with its `inspect` was several ms of each pod's start); none 
 from __future__ import annotations
 
 import signal
-from typing import Optional, Tuple
 
 from trainhook.gang import keys
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Optional, Tuple
 
 RESTART, FAIL = keys.RESTART_GANG, keys.FAIL_GANG
 ACTIONS = (RESTART, FAIL)

@@ -12,7 +12,10 @@ Part of the launcher's start in every gang pod (launcher/deliver.py), so no data
 from __future__ import annotations
 
 import re
-from typing import Sequence
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Sequence
 
 ELASTIC_RANGE = re.compile(r"^(\d+):(\d+)$")
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import sys
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Sequence, cast
 
 from trainhook.gang import keys
 from trainhook.launcher.pod_view import ConfigError, parse_gang
 
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
 if TYPE_CHECKING:
+    from typing import Sequence
     import argparse
 
 # The modules behind the commands are imported when their command runs: the gang-wait init container starts
@@ -205,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in PASSTHROUGH and argv[1:2] not in (["-h"], ["--help"]):
         # argparse would try to read the wrapped command's own flags (`torchrun --nproc-per-node 2 x.py`), and
         # the command's name is all there is to parse: no parser (what parse_args(argv[:1]) gave, field for field).
-        args = cast("argparse.Namespace", SimpleNamespace(
-            command=argv[0], cmd=argv[2:] if argv[1:2] == ["--"] else argv[1:]))
+        args: argparse.Namespace = SimpleNamespace(  # type: ignore[assignment]
+            command=argv[0], cmd=argv[2:] if argv[1:2] == ["--"] else argv[1:])
     else:
         args = build_parser().parse_args(argv)
     try:

@@ -17,7 +17,6 @@ import random
 import signal
 import threading
 import time
-from typing import Callable
 
 from trainhook.gang import keys
 from trainhook.launcher import notary_client
@@ -27,6 +26,10 @@ from trainhook.launcher.policy import LaunchSettings
 from trainhook.launcher.process import reap_exited
 from trainhook.launcher.speak import speaker
 from trainhook.launcher.files import write_json_atomically
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable
 
 COORDINATOR_RANK = 0  # the notary's anchor: rank 0's pod (for MPI, the launcher, which the webhook ranks first)
 MARKER = "outcome.json"  # in TRAINHOOK_STATE_DIR: the outcome, for this pod's restarted containers

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Optional, Union
 
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
 if TYPE_CHECKING:
+    from typing import Optional, Union
     from os import PathLike
 
     AnyPath = Union[str, "PathLike[str]"]

@@ -29,7 +29,6 @@ import socket
 import ssl
 import threading
 import time
-from typing import Callable, Mapping
 
 from trainhook.gang import keys
 from trainhook.launcher.policy import IDENTITY_TOKEN_FILE as TOKEN_FILE
@@ -38,6 +37,10 @@ from trainhook.launcher.policy import LaunchSettings
 from trainhook.launcher.reach import ascii_name, dial
 from trainhook.launcher.speak import speaker
 from trainhook.gang.keys import TH_IDENTITY_TOKEN
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable, Mapping
 
 CALL_TIMEOUT = 10.0  # one HTTPS call (connect, TLS, answer); the notary itself waits on the API server
 FIRST_DELAY, MAX_DELAY = 0.2, 2.0  # jittered retry delays while the notary cannot answer yet

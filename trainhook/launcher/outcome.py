@@ -11,9 +11,12 @@ CPU (issue 32).
 from __future__ import annotations
 
 import time
-from typing import Mapping
 
 from trainhook.gang import keys
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Mapping
 
 PHASE, PHASE_TIME, PHASE_REASON, EXIT_CODE = keys.PHASE, keys.PHASE_TIME, keys.PHASE_REASON, keys.EXIT_CODE
 SUCCEEDED, FAILED = "Succeeded", "Failed"

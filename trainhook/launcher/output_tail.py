@@ -19,7 +19,10 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import Deque, Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Deque, Dict, List, Optional, Tuple
 
 LINES = 40  # lines kept per member
 LINE_BYTES = 1024  # a longer line keeps its first LINE_BYTES (so one long line never takes the whole tail)

@@ -11,12 +11,15 @@ the dataclasses module (with the `inspect` it imports) was several ms of that st
 
 from __future__ import annotations
 
-from typing import Any, Mapping
 
 from trainhook.gang import keys
 from trainhook.gang import shape as model
 from trainhook.gang.shape import Shape, ShapeError
 from trainhook.gang.framework_rules import is_elastic
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 
 class ConfigError(Exception):

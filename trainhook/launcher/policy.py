@@ -13,11 +13,14 @@ dataclasses module (with its `inspect`) was several ms of that start's CPU (issu
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
 
 from trainhook.gang import keys
 from trainhook.gang.failure_rules import FailureRules, RulesError
 from trainhook.launcher.pod_view import ConfigError, GangView, parse_number
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 ON_FAILURE, ACTIVE_DEADLINE_SECONDS = keys.ON_FAILURE, keys.ACTIVE_DEADLINE_SECONDS
 

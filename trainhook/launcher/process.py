@@ -21,9 +21,12 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Callable, Mapping, Sequence
 
 from trainhook.launcher.output_tail import Tee
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable, Mapping, Sequence
 
 # Signals a pod's command should see: Kubernetes' stop (TERM), a terminal's (INT, HUP), and the USR pair that
 # schedulers and checkpointing code use for "save now".

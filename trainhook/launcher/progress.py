@@ -26,10 +26,13 @@ import re
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, Mapping, Optional
 
 from trainhook.gang import keys
 from trainhook.launcher.speak import speaker
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Mapping, Optional
 
 POLL = 1.0  # seconds between looks at the file
 DEFAULT_INTERVAL, MIN_INTERVAL = 10.0, 5.0  # seconds between forwards (the notary refuses faster: 429)

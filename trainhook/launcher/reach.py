@@ -26,7 +26,10 @@ from __future__ import annotations
 import random
 import socket
 import time
-from typing import Callable, Iterable
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable, Iterable
 
 FIRST_DELAY, GROWTH, MAX_DELAY = 0.1, 1.5, 5.0
 CAP_SHARE = 0.05  # the cap rises to this share of the time waited: a late answer costs at most ~5% more waiting

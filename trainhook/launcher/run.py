@@ -14,10 +14,13 @@ module is the command only; the process toolkit is process.py, so no other modul
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
 
 from trainhook.gang import keys
 from trainhook.launcher.process import run_command
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
 
 
 def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:

@@ -9,7 +9,10 @@ reader of a pod's log which part of the launcher spoke.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable
 
 
 def speaker(command: str = "", to_stdout: bool = False) -> Callable[..., None]:

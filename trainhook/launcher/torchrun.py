@@ -14,11 +14,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Mapping, Sequence
 
 from trainhook.gang import keys
 from trainhook.launcher.pod_view import ConfigError
 from trainhook.launcher.process import run_command
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 # torchrun's options that take no value (checked against torch's own parser by the tests); every other option

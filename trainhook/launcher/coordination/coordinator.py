@@ -22,7 +22,6 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Callable
 
 from trainhook.launcher import wire
 from trainhook.launcher.pod_view import GangView
@@ -34,6 +33,10 @@ from trainhook.launcher.coordination.pending import MAX_PENDING, WATCH_INTERVAL,
 from trainhook.launcher.policy import GangPolicy
 from trainhook.launcher.reach import listen
 from trainhook.launcher.speak import speaker
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable
 
 TICK = 0.5
 ACCEPT_BURST = 256  # connections accepted per wake-up before the loop serves what is already connected

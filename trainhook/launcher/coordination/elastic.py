@@ -22,30 +22,30 @@ quietly; a scale-down never removes it (min is at least 1), and its pod's loss i
 
 from __future__ import annotations
 
-from typing import List, Optional, Protocol, Tuple
-
 from trainhook.launcher.pod_view import GangView
 from trainhook.launcher.coordination.report import IDLE, RUNNING, Record, Report
 from trainhook.launcher.outcome import EXIT_NOT_ASSEMBLED, FAILED, Outcome, now_rfc3339
 from trainhook.launcher.policy import GangPolicy
 
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:  # the state's shape, for the type checker alone
+    from typing import List, Optional, Protocol, Tuple
 
+    class ElasticState(Protocol):
+        """What these rules read and change of the coordinator's state (coordinator_rules.CoordinatorState): declared
+        here, so this module never imports the coordinator, which imports it (tests/launcher/test_launcher_imports.py:
+        no cycle)."""
 
-class ElasticState(Protocol):
-    """What these rules read and change of the coordinator's state (coordinator_rules.CoordinatorState): declared
-    here, so this module never imports the coordinator, which imports it (tests/launcher/test_launcher_imports.py:
-    no cycle)."""
-
-    gang: GangView
-    policy: GangPolicy
-    phase: str
-    attempt: int
-    restarts: int
-    since: Optional[float]
-    short_since: Optional[float]
-    records: List[Record]
-    outbox: List[Tuple[int, dict]]
-    log: List[str]
+        gang: GangView
+        policy: GangPolicy
+        phase: str
+        attempt: int
+        restarts: int
+        since: Optional[float]
+        short_since: Optional[float]
+        records: List[Record]
+        outbox: List[Tuple[int, dict]]
+        log: List[str]
 
 
 def present(state: ElasticState) -> list[int]:

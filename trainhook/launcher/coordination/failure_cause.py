@@ -23,10 +23,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Mapping, Optional
 
 from trainhook.gang.failure_rules import LOST_PEER, TIMEOUT, signal_name
 from trainhook.launcher.process import EXIT_NOT_FOUND
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
 
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch.distributed.elastic's error file, read by torchrun and @record
 MAX_DETAIL = 200

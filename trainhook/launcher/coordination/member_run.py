@@ -35,7 +35,6 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainhook.gang import keys
 from trainhook.launcher import ending
@@ -49,7 +48,9 @@ from trainhook.launcher.policy import LaunchSettings, attempt_env, read_settings
 from trainhook.launcher.process import FORWARDED, Training, reap_exited, run_command
 from trainhook.launcher.speak import speaker
 
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
 if TYPE_CHECKING:  # only rank 0 runs a coordinator: a member's start does not import it (issue 26)
+    from typing import Mapping, Sequence
     from trainhook.launcher.coordination.coordinator import Coordinator
 
 POLL = 0.2

@@ -20,7 +20,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable
 
 HANDSHAKE_DEADLINE = 10.0
 MAX_PENDING = 2048
