@@ -15,8 +15,8 @@ member that stops reading is dropped once OUT_LIMIT bytes wait for it (it reconn
 from __future__ import annotations
 
 import errno
-import hmac
 import hashlib
+import hmac
 import selectors
 import socket
 import threading
@@ -25,7 +25,6 @@ from collections import deque
 
 from trainhook.launcher import wire
 from trainhook.launcher.pod_view import GangView
-from trainhook.launcher.wire import set_keepalive
 from trainhook.launcher.coordination.report import Report
 from trainhook.launcher.coordination.coordinator_rules import CoordinatorState
 from trainhook.launcher.outcome import Outcome
@@ -70,8 +69,7 @@ class Coordinator:
                  notify: Callable[[str, str, str], None] | None = None):
         """`key`: the gang's signing key (from the notary); `notify(type, reason, message)`: hands an Event to
         the notary without blocking (called with the lock held)."""
-        self.gang, self.key, self.port, self.say, self.clock = gang, key, port, log, clock
-        self.notify = notify
+        self.gang, self.key, self.port, self.say, self.clock, self.notify = gang, key, port, log, clock, notify
         self.state = CoordinatorState(gang, policy, clock())
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -346,7 +344,7 @@ class Coordinator:
             report = Report.from_dict(body.get("report"))
             self.pending.done(conn.sock)  # authenticated: no handshake deadline any more
             try:
-                set_keepalive(conn.sock)
+                wire.set_keepalive(conn.sock)
             except OSError:
                 pass
             with self.lock:
