@@ -67,8 +67,8 @@ def emit(event: str, **fields) -> None:
 
 
 def changed(value, **changes):
-    """A copy of a launcher value (Peer, GangView, LaunchSettings, Report: plain classes with __slots__, whose
-    __init__ takes every slot) with `changes`, as dataclasses.replace made one."""
+    """A copy of a Peer or a Report (plain classes with __slots__, whose __init__ takes every slot, and no replace
+    of their own: GangView and LaunchSettings have theirs) with `changes`, as dataclasses.replace made one."""
     kind = type(value)
     return kind(**{**{name: getattr(value, name) for name in kind.__slots__}, **changes})
 
@@ -78,14 +78,14 @@ def load_gang(path: str, port: int) -> tuple[GangView, LaunchSettings]:
     env = json.loads(Path(path).read_text())
     gang = parse_gang(env)
     peers = (changed(gang.peers[0], address="127.0.0.1"),) + gang.peers[1:]
-    gang = changed(gang, peers=peers)
-    return gang, changed(read_settings(env, gang), port=port)
+    gang = gang.replace(peers=peers)
+    return gang, read_settings(env, gang).replace(port=port)
 
 
 def as_rank(gang: GangView, rank: int) -> GangView:
     """The same gang seen from another member's pod (its peers tuple shared, not copied: 10,000 members)."""
     peer = gang.peers[rank]
-    return changed(gang, role=peer.role, index=peer.index, rank=rank, address=peer.address)
+    return gang.replace(role=peer.role, index=peer.index, rank=rank, address=peer.address)
 
 
 class Tagged:
@@ -173,7 +173,7 @@ class Members:
             return
         self.mark("key", rank)
         report = self.reports[rank] = Report()
-        link = Link(as_rank(self.gang, rank), changed(self.settings, key=key), Tagged(rank, self.events), report)
+        link = Link(as_rank(self.gang, rank), self.settings.replace(key=key), Tagged(rank, self.events), report)
         self.links[rank] = link
         if self.connector is not None:
             self.connector.submit(self.connect, rank)
@@ -342,7 +342,7 @@ def run_coordinator(args) -> int:
             delivered = coordinator.wait_delivered(120)
             acked = time.time()
             outcome = coordinator.state.outcome
-            said = (ending.record_through_notary(gang, changed(settings, key=key), outcome, say, notary)
+            said = (ending.record_through_notary(gang, settings.replace(key=key), outcome, say, notary)
                     if outcome else "no outcome")
             emit("recorded", finished=finished, acked=acked, recorded=time.time(), delivered=delivered,
                  said=said, outcome=outcome.to_dict() if outcome else None)
