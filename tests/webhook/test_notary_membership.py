@@ -286,3 +286,34 @@ def test_a_pod_whose_owner_or_gang_was_patched_after_admission_fails_its_provena
     with pytest.raises(Refusal) as refused:
         decide(place_of(identity(p), p, key), anchor, sts, None, key)
     assert "rank 0's pod mine-0 names StatefulSet/mine" in refused.value.reason
+
+
+def test_a_shared_anchor_is_judged_once_for_its_members_and_a_refusal_is_judged_again():
+    """At a gang's start every member's call shares one read of rank 0's pod and workload (service.py's Anchor):
+    what they say of the gang is judged once and kept with that read, the members' own places each time. A refusal
+    is not kept (each requester is judged, and named, again), and another gang key is another judgment."""
+    from trainhook.webhook.admission import provenance
+    from trainhook.webhook.notary.membership import WorkloadRef, admit
+    from trainhook.webhook.notary.service import Anchor
+
+    key = b"k" * 32
+    sts = stamped("ddp", 3)
+    pods = [pod(sts, i) for i in range(3)]
+    for p in pods:
+        p["metadata"].setdefault("annotations", {})["trainhook.dev/provenance"] = provenance.stamp(key, NS, p)
+    anchor = Anchor(pods[0], WorkloadRef("StatefulSet", "ddp", "uid-ddp"), sts)
+    verdict = anchor.verdict(NS, "ddp", key)
+    assert anchor.verdict(NS, "ddp", key) is verdict and len(anchor.verdicts) == 1
+    for p in pods:  # the same gang as the whole decision gives, for rank 0 and the others
+        place = place_of(identity(p), p, key)
+        assert admit(place, verdict, None) == decide(place, pods[0], sts, None, key)
+    assert [admit(place_of(identity(p), p, key), verdict, None).coordinator for p in pods] == [True, False, False]
+    with pytest.raises(Refusal) as refused:  # rank 0's stamp is not under another key: judged anew, refused
+        anchor.verdict(NS, "ddp", b"another key" * 3)
+    assert refused.value.status == 403 and len(anchor.verdicts) == 1
+    gone = Anchor(pods[0], WorkloadRef("StatefulSet", "ddp", "uid-ddp"), None)  # its workload deleted
+    for _ in range(2):
+        with pytest.raises(Refusal) as refused:
+            gone.verdict(NS, "ddp", key)
+        assert refused.value.status == 503
+    assert not gone.verdicts

@@ -14,6 +14,7 @@ import binascii
 import hmac
 import json
 from dataclasses import dataclass
+from types import EllipsisType
 
 from trainhook.gang import keys
 from trainhook.gang.lookup import LABELS, lookup
@@ -157,12 +158,15 @@ def _owner_ref(pod: dict) -> WorkloadRef | None:
     return WorkloadRef(*owner) if owner else None
 
 
-def made_by_its_controller(key: bytes, namespace: str, pod: dict, who: str) -> None:
+def made_by_its_controller(key: bytes, namespace: str, pod: dict, who: str,
+                           owner: WorkloadRef | None | EllipsisType = ...) -> None:
     """403 unless a pod that names a StatefulSet or Job as its controller carries the webhook's provenance stamp of
     what it says now (webhook/admission/provenance.py): made by that controller for that gang and place. An
-    ownerReference or a job-name label written by anyone else, at creation or by a later patch, is not trusted."""
-    owner = _owner_ref(pod)
-    if key and owner is not None and owner.kind in WORKLOAD_KINDS and not provenance.verify(key, namespace, pod):
+    ownerReference or a job-name label written by anyone else, at creation or by a later patch, is not trusted.
+    `owner` is the pod's `_owner_ref` when the caller has read it."""
+    owner = _owner_ref(pod) if owner is ... else owner
+    if key and owner is not None and owner.kind in WORKLOAD_KINDS and \
+            not provenance.verify(key, namespace, pod, (owner.kind, owner.name, owner.uid)):
         raise Refusal(403, f"{who} names {owner.kind}/{owner.name} as its controller, but was not admitted as that "
                            f"controller's pod as it is now (its {keys.PROVENANCE} stamp does not match: created by "
                            "someone else, changed after admission, or admitted before the gang key it was "
@@ -187,8 +191,9 @@ def place_of(identity: Identity, pod: dict | None, key: bytes = b"") -> Place:
     member = member_of(pod, identity.namespace, problems)
     if member is None:
         raise Refusal(403, f"{who} was not admitted as a member of gang {job}: {'; '.join(problems)}")
-    made_by_its_controller(key, identity.namespace, pod, who)
-    return Place(identity.namespace, job, identity.pod, identity.pod_uid, member, _owner_ref(pod))
+    owner = _owner_ref(pod)
+    made_by_its_controller(key, identity.namespace, pod, who, owner)
+    return Place(identity.namespace, job, identity.pod, identity.pod_uid, member, owner)
 
 
 def hostname_of(pod: dict) -> str:
@@ -254,25 +259,45 @@ def role_workloads(job: str, roles: tuple[str, ...]) -> set[str]:
     return {f"{job}-{role}" for role in roles} if len(roles) > 1 else set()
 
 
-def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workload: dict | None,
-           key: bytes = b"") -> Gang:
-    """Whether the placed pod is a member of the gang anchored at `anchor`, whose workload (as read now) is
-    `anchor_workload` (None for a bare-Pod gang, or when it is gone); `own_workload` is the requester's own
-    controller as read now (None: a bare pod, or gone). With `key`, rank 0's pod must carry the provenance of the
-    controller it names. Returns the gang, or raises 403/503."""
+@dataclass(frozen=True)
+class AnchorVerdict:
+    """What rank 0's pod and workload, as read, say of their gang, judged once for every member that shares the
+    read (`judge_anchor`): its controller (kind "Pod" for a bare-Pod gang), its name and uid, the gang's roles."""
+
+    ref: WorkloadRef
+    pod: str
+    pod_uid: str
+    roles: tuple[str, ...] | None  # None: rank 0's pod has no place of its own (each requester's roles are used)
+
+
+def judge_anchor(namespace: str, job: str, anchor: dict, anchor_workload: dict | None,
+                 key: bytes = b"") -> AnchorVerdict:
+    """Whether rank 0's pod `anchor` anchors gang `job`: its workload (as read now, None for a bare-Pod gang or when
+    it is gone) is still the one it names, a trainhook gang of `job`, and (with `key`) rank 0's pod carries the
+    provenance of the controller it names. The same for every member of the gang, so the notary judges a shared
+    anchor once (service.py)."""
     anchor_ref = anchor_workload_of(anchor)
     anchor_meta = anchor.get("metadata") or {}
-    gang = f"gang {place.namespace}/{place.job}"
+    gang = f"gang {namespace}/{job}"
     if anchor_ref.kind != "Pod":
         if anchor_workload is None or (anchor_workload.get("metadata") or {}).get("uid") != anchor_ref.uid:
             raise Refusal(503, f"{gang}: rank 0's {anchor_ref.kind}/{anchor_ref.name} is gone or being replaced")
-        made_by_its_controller(key, place.namespace, anchor, f"{gang}: rank 0's pod {anchor_meta.get('name')}")
-        if not is_gang_workload(anchor_workload, place.job):
+        made_by_its_controller(key, namespace, anchor, f"{gang}: rank 0's pod {anchor_meta.get('name')}", anchor_ref)
+        if not is_gang_workload(anchor_workload, job):
             raise Refusal(403, f"{gang}: rank 0's pod {anchor_meta.get('name')} names {anchor_ref.kind}/"
                                f"{anchor_ref.name} as its controller, which is not a trainhook gang of job "
-                               f"{place.job} (not labeled {keys.FRAMEWORK} and {keys.JOB_NAME}={place.job})")
-    anchor_member = member_of(anchor, place.namespace, Problems())
-    roles = anchor_member.shape.roles if anchor_member is not None else place.member.shape.roles
+                               f"{job} (not labeled {keys.FRAMEWORK} and {keys.JOB_NAME}={job})")
+    anchor_member = member_of(anchor, namespace, Problems())
+    roles = tuple(anchor_member.shape.roles) if anchor_member is not None else None
+    return AnchorVerdict(anchor_ref, anchor_meta.get("name", ""), anchor_meta.get("uid", ""), roles)
+
+
+def admit(place: Place, verdict: AnchorVerdict, own_workload: dict | None) -> Gang:
+    """Whether the placed pod is a member of the gang `verdict` judged (`judge_anchor`); `own_workload` is the
+    requester's own controller as read now (None: a bare pod, or gone). Returns the gang, or raises 403."""
+    anchor_ref = verdict.ref
+    roles = verdict.roles if verdict.roles is not None else tuple(place.member.shape.roles)
+    gang = f"gang {place.namespace}/{place.job}"
     who = f"pod {place.namespace}/{place.pod}"
     if anchor_ref.kind == "Pod":  # a bare-Pod gang: every member is a bare pod of the gang
         if place.owner is not None:
@@ -288,8 +313,18 @@ def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workloa
                 or not is_gang_workload(own_workload, place.job)):
             raise Refusal(403, f"{who} is controlled by {place.owner.kind}/{place.owner.name}, which is not a "
                                f"workload of {gang}")
-    return Gang(place.namespace, place.job, anchor_meta.get("name", ""), anchor_ref,
-                coordinator=anchor_meta.get("uid") == place.pod_uid, roles=tuple(roles))
+    return Gang(place.namespace, place.job, verdict.pod, anchor_ref, coordinator=verdict.pod_uid == place.pod_uid,
+                roles=roles)
+
+
+def decide(place: Place, anchor: dict, anchor_workload: dict | None, own_workload: dict | None,
+           key: bytes = b"") -> Gang:
+    """Whether the placed pod is a member of the gang anchored at `anchor`, whose workload (as read now) is
+    `anchor_workload` (None for a bare-Pod gang, or when it is gone); `own_workload` is the requester's own
+    controller as read now (None: a bare pod, or gone). With `key`, rank 0's pod must carry the provenance of the
+    controller it names. Returns the gang, or raises 403/503."""
+    verdict = judge_anchor(place.namespace, place.job, anchor, anchor_workload, key)
+    return admit(place, verdict, own_workload)
 
 
 def gang_key(key: bytes, gang: Gang) -> str:

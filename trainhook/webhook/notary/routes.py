@@ -39,12 +39,17 @@ def bearer_token(request: web.Request) -> str:
 
 
 async def read_json(request: web.Request) -> object:
-    try:
-        async with asyncio.timeout(BODY_DEADLINE):
-            with awaiting_body(request):  # evictable while the body does not come (connections.py)
-                raw = await request.read()
-    except TimeoutError:
-        raise BadBody(f"the body did not arrive within {BODY_DEADLINE:.0f} s") from None
+    """The request's body as JSON. A body that came with its head (a launcher's always does) is read at once; one
+    still to come is awaited within BODY_DEADLINE, its connection evictable meanwhile (connections.py)."""
+    if request.content.is_eof():  # the parser has the whole body: nothing to wait for, nothing to guard
+        raw = await request.read()
+    else:
+        try:
+            async with asyncio.timeout(BODY_DEADLINE):
+                with awaiting_body(request):
+                    raw = await request.read()
+        except TimeoutError:
+            raise BadBody(f"the body did not arrive within {BODY_DEADLINE:.0f} s") from None
     try:
         return json.loads(raw or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

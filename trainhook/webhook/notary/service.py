@@ -28,13 +28,14 @@ import collections
 import datetime as dt
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from trainhook.webhook.notary.cache import Read, RefusalCache, RefusalLog, ReviewCache, SharedReads
-from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, Gang, Identity, Place, Refusal, WorkloadRef,
-                                                 decide, gang_key, gang_workloads, identity_from_review,
-                                                 is_gang_workload, pick_anchor, place_of, token_claims)
+from trainhook.webhook.notary.membership import (WORKLOAD_KINDS, AnchorVerdict, Gang, Identity, Place, Refusal,
+                                                 WorkloadRef, admit, gang_key, gang_workloads, identity_from_review,
+                                                 is_gang_workload, judge_anchor, pick_anchor, place_of,
+                                                 token_claims)
 from trainhook.webhook.notary.records import (event, outcome_message, rank_pods, record_patch, recorded_outcome,
                                               same_record)
 from trainhook.webhook.notary.authority import Authority, Conflict, Unreachable
@@ -60,6 +61,15 @@ class Anchor:
     pod: dict
     ref: WorkloadRef | None
     workload: dict | None
+    verdicts: dict = field(default_factory=dict, compare=False, repr=False)  # judge_anchor's passes, by its inputs
+
+    def verdict(self, namespace: str, job: str, key: bytes) -> AnchorVerdict:
+        """`judge_anchor` of this copy, judged once for all the requesters who share it (a gang's start: the same
+        rank 0 pod, workload and key for every member). Only a pass is kept: a refusal is judged again for each."""
+        found = self.verdicts.get((namespace, job, key))
+        if found is None:
+            found = self.verdicts[(namespace, job, key)] = judge_anchor(namespace, job, self.pod, self.workload, key)
+        return found
 
     def vouched_by(self, place: Place) -> bool:
         """Whether the requester's own pod, read now, names this anchor's workload as its controller (kind, name
@@ -184,7 +194,8 @@ class Notary:
             own = (await self.anchors.get(("workload", place.namespace, owner.kind, owner.name),
                                           lambda: self.authority.get_workload(place.namespace, owner.kind,
                                                                               owner.name), began)).value
-        return Verified(place, decide(place, anchor.pod, anchor.workload, own, self.key_now()), anchor.workload)
+        verdict = anchor.verdict(place.namespace, place.job, self.key_now())
+        return Verified(place, admit(place, verdict, own), anchor.workload)
 
     # --- what the calls do, once verified --------------------------------------------------------------------
     def credential(self, verified: Verified) -> dict:
