@@ -165,3 +165,20 @@ def test_a_notary_whose_certificate_does_not_name_the_host_is_refused(notary, mo
     with pytest.raises(NotaryError, match="failed TLS verification against TRAINHOOK_NOTARY_CA") as failed:
         NotaryClient(gang_notary.url.replace("localhost", "notary.example"), gang_notary.ca_pem, token).credential()
     assert "Hostname mismatch" in str(failed.value), failed.value
+
+
+def test_a_client_given_a_context_uses_it_for_its_calls(notary, tmp_path):
+    """A process that plays many pods (bench/gang_scale_members.py) gives its clients one TLS context: they use
+    that one, and verify the notary by it, not by the CA they were given."""
+    import ssl
+
+    gang_notary, pods = notary
+    tokens = [gang_notary.env(p)["TRAINHOOK_IDENTITY_TOKEN"] for p in pods]
+    shared = ssl.create_default_context(cadata=gang_notary.ca_pem)
+    clients = [NotaryClient(gang_notary.url, gang_notary.ca_pem, token, context=shared) for token in tokens]
+    assert all(c.context is shared for c in clients)
+    assert len({c.credential()["key"] for c in clients}) == 1
+    with GangNotary(tmp_path / "other") as other:
+        foreign = ssl.create_default_context(cadata=other.ca_pem)
+    with pytest.raises(NotaryError, match="failed TLS verification against TRAINHOOK_NOTARY_CA"):
+        NotaryClient(gang_notary.url, gang_notary.ca_pem, tokens[0], context=foreign).credential()

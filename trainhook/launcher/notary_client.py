@@ -64,7 +64,10 @@ class NotaryClient:
     """One notary endpoint, as injected: its base URL, the CA bundle that signs its certificate, and where this
     pod's identity token is."""
 
-    def __init__(self, url: str, ca_pem: str, token_file: str = TOKEN_FILE, timeout: float = CALL_TIMEOUT):
+    def __init__(self, url: str, ca_pem: str, token_file: str = TOKEN_FILE, timeout: float = CALL_TIMEOUT,
+                 context: ssl.SSLContext | None = None):
+        """`context`: a TLS client context already made from `ca_pem` (a process simulating many pods makes one;
+        a pod's launcher makes its own, once)."""
         try:
             host, port, base = split_url(url)
         except ValueError as e:
@@ -73,7 +76,7 @@ class NotaryClient:
             raise NotaryError(f"{keys.TH_NOTARY_CA} is empty: the notary's certificate cannot be verified (the "
                               f"webhook injects its CA bundle with {keys.TH_NOTARY})")
         try:
-            self.context = ssl.create_default_context(cadata=ca_pem)
+            self.context = context or ssl.create_default_context(cadata=ca_pem)
         except (ssl.SSLError, ValueError) as e:
             raise NotaryError(f"{keys.TH_NOTARY_CA} is not a PEM CA bundle: {e}") from None
         self.url = url.strip().rstrip("/")
