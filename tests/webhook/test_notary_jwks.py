@@ -113,6 +113,8 @@ BROKEN = {
     "a subject that is not its ServiceAccount": (sign(claims(sub="system:serviceaccount:ns:other")), "subject"),
     "an unknown key id": (sign(claims(), RSA_KEY, "rotated-away"), "no key the API server publishes"),
     "no JWT at all": ("not-a-token", "not a JWT"),
+    # json.loads raised RecursionError on it: an HTTP 500 and a logged traceback for anyone who sent one
+    "a header nested past the parser's recursion limit": (b64(b"[" * 5000) + "." + b64(b"{}") + ".c2ln", "not a JWT"),
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from objects import pod_of_statefulset, statefulset
 from trainhook.webhook.notary.membership import (Identity, Refusal, decide, gang_key, gang_workloads,
-                                                 identity_from_review, pick_anchor, place_of)
+                                                 identity_from_review, pick_anchor, place_of, token_claims)
 from trainhook.webhook.notary.records import (BadBody, outcome_message, parse_event, parse_outcome, record_patch,
                                               recorded_outcome, same_record)
 
@@ -317,3 +317,10 @@ def test_a_shared_anchor_is_judged_once_for_its_members_and_a_refusal_is_judged_
             gone.verdict(NS, "ddp", key)
         assert refused.value.status == 503
     assert not gone.verdicts
+
+
+def test_a_token_nested_past_the_parsers_recursion_limit_names_no_pod():
+    import base64
+
+    deep = base64.urlsafe_b64encode(b"[" * 5000).decode().rstrip("=")
+    assert token_claims(f"e30.{deep}.c2ln") is None

@@ -122,3 +122,9 @@ def test_only_the_coordinator_may_report_and_no_faster_than_the_floor(tmp_path):
         assert status == 400 and "step='two'" in answer["error"]
         job = notary.workload("ns", "Job", "g")
     assert json.loads(job["metadata"]["annotations"][keys.PROGRESS_DETAIL])["step"] == 1
+
+
+def test_a_recorded_detail_that_is_not_json_or_nested_past_the_parsers_limit_is_no_progress():
+    """Whoever may edit the workload can write its annotations: what the notary reads back never fails a call."""
+    for text in ("not json", "[" * 5000, "[1]"):
+        assert recorded_progress({"metadata": {"annotations": {keys.PROGRESS_DETAIL: text}}}) is None

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from trainhook.gang import keys
+from trainhook.webhook.admission.jsontext import parse_body
 
 log = logging.getLogger("trainhook.webhook.notary")
 
@@ -170,9 +170,9 @@ class Jwks:
         if len(parts) != 3:
             return refused("not a JWT")
         try:
-            header, payload = json.loads(_b64(parts[0])), json.loads(_b64(parts[1]))
+            header, payload = parse_body(_b64(parts[0])), parse_body(_b64(parts[1]))
             signature = _b64(parts[2])
-        except (binascii.Error, ValueError):
+        except (binascii.Error, ValueError, RecursionError):  # anyone may send one, before any signature check
             return refused("not a JWT")
         if not isinstance(header, dict) or not isinstance(payload, dict):
             return refused("not a JWT")

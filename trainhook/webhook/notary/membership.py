@@ -12,13 +12,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import json
 from dataclasses import dataclass
 from types import EllipsisType
 
 from trainhook.gang import keys
 from trainhook.gang.lookup import LABELS, lookup
 from trainhook.webhook.admission import provenance
+from trainhook.webhook.admission.jsontext import parse_body
 from trainhook.webhook.admission.member import Member, Problems
 from trainhook.webhook.admission.pods import member_of
 
@@ -134,8 +134,8 @@ def token_claims(token: str) -> Claims | None:
     if len(parts) != 3:
         return None
     try:
-        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (binascii.Error, ValueError):  # json's errors and UnicodeDecodeError are ValueErrors
+        payload = parse_body(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, ValueError, RecursionError):  # json's errors and UnicodeDecodeError are ValueErrors
         return None
     if not isinstance(payload, dict) or not isinstance(payload.get("kubernetes.io"), dict):
         return None

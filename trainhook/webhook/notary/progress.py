@@ -67,7 +67,7 @@ def recorded_progress(workload: dict | None) -> dict | None:
         return None
     try:
         detail = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # anyone who may edit the workload wrote it
         return None
     if not isinstance(detail, dict):
         return None

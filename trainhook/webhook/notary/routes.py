@@ -54,6 +54,8 @@ async def read_json(request: web.Request) -> object:
         return json.loads(raw or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadBody(f"the body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadBody("the body is not JSON: nested too deeply") from None
 
 
 def refusal_answer(notary: Notary, who: str, status: int, reason: str) -> web.Response:
