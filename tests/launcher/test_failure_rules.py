@@ -214,6 +214,7 @@ def test_a_lost_peer_or_a_timeout_is_read_from_the_failing_exception_only(output
 def test_an_error_file_message_names_the_symptom_and_an_old_error_file_is_not_read(tmp_path):
     text = '{"message": {"message": "RendezvousClosedError: the rendezvous was closed", "extraInfo": {}}}'
     assert failure_cause.judge(1, "", text).symptom == "lost-peer"
+    assert failure_cause.error_file_message("[" * 5000) == ""  # the training wrote it: never a RecursionError
     stale = tmp_path / "old.json"
     stale.write_text(text)
     assert failure_cause.read_error_file(str(stale), stale.stat().st_mtime + 10) is None

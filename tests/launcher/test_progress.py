@@ -74,6 +74,9 @@ def test_the_file_is_read_as_it_grows_newest_complete_line_first(tmp_path):
         f.write('}\nnot json\n')
     assert reader.newest() == {"step": 3}  # the completed line; the garbage after it is said, not taken
     assert "is not JSON" in reader.problem
+    with open(path, "a") as f:  # nested past json's recursion limit: said the same way, not a RecursionError
+        f.write('[' * 5000 + '\n')
+    assert reader.newest() is None and "is not JSON" in reader.problem
     path.write_text('{"step": 9}\n')  # replaced (a new attempt truncating it)
     assert reader.newest() == {"step": 9}
 

@@ -186,7 +186,7 @@ class ProgressFile:
                 continue
             try:
                 value = json.loads(line)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 self.problem = f"a line of the progress file {self.path} is not JSON: {e}"
                 continue
             if isinstance(value, dict):

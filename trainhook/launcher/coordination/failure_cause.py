@@ -86,7 +86,7 @@ def error_file_message(text: Optional[str]) -> str:
         return ""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     message = data.get("message") if isinstance(data, dict) else None
     if isinstance(message, dict):
