@@ -55,3 +55,42 @@ def test_waiters_that_time_out_leave_no_callback_and_the_list_still_wakes_the_re
         watches.stop()
     assert woken is True and later is False  # woken by the list's end; afterwards there is nothing to wait for
     assert pods.first_done.is_set() and not pods._wake
+
+
+class Listed(dict):
+    """A list answer that a weak reference can follow (a plain dict cannot have one)."""
+
+
+def test_the_list_is_freed_once_its_pods_are_kept_while_the_watch_goes_on():
+    """The namespace's list (at a gang's start, every pod with its containers and status) was held for as long as
+    the watch after it lasted; only its slimmed pods are kept."""
+    import weakref
+
+    watching, release, seen = threading.Event(), threading.Event(), []
+    pod = {"metadata": {"name": "p-0", "uid": "u0", "labels": {"trainhook.dev/job-name": "g"}},
+           "spec": {"containers": [{"name": "c", "env": [{"name": "A", "value": "1"}]}]}, "status": {"phase": "Running"}}
+
+    def list_call(namespace: str) -> dict:
+        listed = Listed(metadata={"resourceVersion": "7"}, items=[pod])
+        seen.append(weakref.ref(listed))
+        return listed
+
+    class Blocking:
+        def stream_lines(self):
+            watching.set()
+            release.wait(30)
+            return iter(())
+
+        def close(self) -> None:
+            pass
+
+    watches = PodWatches(list_call, lambda namespace, version: Blocking())
+    try:
+        watches.lookup("team-a", "p-0", "u0")
+        assert watching.wait(10)
+        assert seen and seen[0]() is None, "the list is still referenced while its watch runs"
+        assert watches.lookup("team-a", "p-0", "u0") == {
+            "apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"], "spec": {}}
+    finally:
+        release.set()
+        watches.stop()

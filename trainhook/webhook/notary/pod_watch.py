@@ -122,6 +122,15 @@ class NamespacePods:
             self.pods[name] = slim(pod)
 
 
+def listed_pods(listed: dict) -> tuple[dict[str, dict], str]:
+    """A list's pods by name, slimmed, and its resourceVersion. A function of its own so that the list itself is
+    freed on return: held in `run`'s frame it lived as long as the watch after it (minutes), a 10,000-pod list with
+    every pod's containers and status, ~400,000 objects that each full garbage collection walked (1.3-1.5 s of the
+    notary's CPU while a 10,000-member gang got its keys)."""
+    pods = {(p.get("metadata") or {}).get("name", ""): slim(p) for p in listed.get("items") or []}
+    return pods, (listed.get("metadata") or {}).get("resourceVersion", "")
+
+
 Call = Callable[..., Any]  # the authority's blocking call: (method, path, query, stream) -> decoded JSON or response
 
 
@@ -136,9 +145,7 @@ def run(pods: NamespacePods, list_call: Callable[[], dict], watch_call: Callable
         try:
             pods.live = False
             pods.lists += 1
-            listed = list_call()
-            pods.pods = {(p.get("metadata") or {}).get("name", ""): slim(p) for p in listed.get("items") or []}
-            version = (listed.get("metadata") or {}).get("resourceVersion", "")
+            pods.pods, version = listed_pods(list_call())
             while not pods.stop.is_set() and time.monotonic() - pods.used <= IDLE:
                 pods.watches += 1
                 response = watch_call(version)
