@@ -164,9 +164,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-# The cyclic garbage collector's thresholds (Python's are 700, 10, 10). A TLS connection and its request allocate
-# a few hundred objects, so at 700 the youngest generation was collected every couple of requests, and what those
-# requests still held was promoted and walked again in the older generations (docs/develop/performance.md).
+# The cyclic garbage collector's thresholds (Python's are 700, 10, 10). The youngest generation is collected when
+# its allocations outnumber its deallocations by the first: at 700, every ~16 credential calls of a gang's start
+# (counted at 10,000 members), each time promoting what the calls in flight (up to 1,024 connections) still held,
+# to be walked again by the older generations' collections. Measured: docs/develop/performance.md.
 GC_THRESHOLDS = (10_000, 10, 10)
 
 

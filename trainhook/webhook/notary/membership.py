@@ -13,6 +13,7 @@ import base64
 import binascii
 import hmac
 from dataclasses import dataclass
+from functools import lru_cache
 from types import EllipsisType
 
 from trainhook.gang import keys
@@ -127,9 +128,12 @@ class Claims:
     expires: float | None  # seconds since the epoch (`exp`)
 
 
+@lru_cache(maxsize=64)
 def token_claims(token: str) -> Claims | None:
     """The claims of a pod-bound ServiceAccount token (`kubernetes.io: {namespace, pod: {name}}`, `aud`, `exp`),
-    or None when the token is no JWT naming a pod (such a token can never name a pod in a TokenReview either)."""
+    or None when the token is no JWT naming a pod (such a token can never name a pod in a TokenReview either).
+    Kept for the last 64 tokens (Claims is immutable; at most 1 MB of tokens): a request reads them before its
+    review and again, a moment later, to remember the review."""
     parts = token.split(".")
     if len(parts) != 3:
         return None
