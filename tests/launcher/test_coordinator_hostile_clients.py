@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 
-from test_gang_protocol import TOKEN, env, free_port, gang, next_directive
+from test_gang_protocol import TOKEN, env, free_port, gang, next_directive, started_tcp_gang
 from trainhook.launcher.coordination import pending
 from trainhook.launcher.coordination.coordinator import Coordinator
 from trainhook.launcher.coordination.report import Report
@@ -91,30 +91,22 @@ def test_trickling_clients_are_bounded_closed_in_time_and_a_real_member_still_jo
         coordinator.close()
 
 
+
 def test_lines_nested_past_the_json_parsers_limit_are_refused_at_a_bounded_rate_and_members_still_join():
     """A stranger's greeting of 5,000 "[" once escaped as a RecursionError: that connection was closed as an
     internal error with a log line each, at no bounded rate. Now it is a line that is not a JSON object."""
-    port = free_port()
     lines: list[str] = []
-    coordinator = Coordinator(gang(2), GangPolicy(), TOKEN, port, log=lines.append)
-    coordinator.start()
-    links = []
-    try:
-        answers = []
+    answers: list[bytes] = []
+
+    def strangers(port: int) -> None:
         for _ in range(100):
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
                 sock.sendall(b"[" * 5000 + b"\n")
                 sock.settimeout(5)
                 answers.append(sock.recv(4096))
-        assert all(a.startswith(b'{"error":"refused: ') for a in answers), answers[:3]
-        settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env())).replace(key=TOKEN)
-        for rank in (0, 1):
-            events: queue.SimpleQueue = queue.SimpleQueue()
-            link = Link(gang(2, rank), settings, events, Report())
-            link.start()
-            links.append((link, events))
-        for _, events in links:
-            assert next_directive(events, "start", timeout=15)["attempt"] == 1
+    coordinator, _, links = started_tcp_gang(lines.append, before=strangers)  # the members still start
+    try:
+        assert len(answers) == 100 and all(a.startswith(b'{"error":"refused: ') for a in answers), answers[:3]
         assert not [line for line in lines if "internal error" in line], lines[:3]
         assert 1 <= len([line for line in lines if "refused" in line]) <= pending.LOG_BURST + 2, lines
     finally:

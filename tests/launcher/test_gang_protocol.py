@@ -380,12 +380,15 @@ def next_directive(events: queue.SimpleQueue, kind: str, timeout: float = 10) ->
     raise AssertionError(f"no {kind} within {timeout}s")
 
 
-def started_tcp_gang(log) -> tuple[Coordinator, object, list]:
+def started_tcp_gang(log, before=None) -> tuple[Coordinator, object, list]:
     """A real coordinator on a free port and both members' Links of a 2-pod gang, its first attempt started;
-    (the coordinator, the members' settings, [(link, events)]). The caller closes them."""
+    (the coordinator, the members' settings, [(link, events)]). `before(port)` runs once the coordinator listens,
+    before the members connect. The caller closes them."""
     port = free_port()
     coordinator = Coordinator(gang(2), GangPolicy(), TOKEN, port, log=log)
     coordinator.start()
+    if before is not None:
+        before(port)
     settings = read_settings(env(TRAINHOOK_COORDINATOR_PORT=str(port)), parse_gang(env()))
     settings = settings.replace(key=TOKEN)
     links = []
