@@ -9,6 +9,8 @@ an order that rotates every round so a change of the machine's load falls on all
   ConfigMap, no init container, the launcher's barrier (every member joins rank 0's coordinator) is the gang wait;
 - `init`: trainhook in a namespace outside them (`bench-init`): the gang-wait init container delivers the launcher
   and waits (launcher/wait/command.py), then the barrier;
+- `init-nowait`: `init` with `trainhook.dev/gang-wait: none`: the init container only delivers, and the launcher's
+  barrier is the gang wait, as in the ConfigMap path (run it with `--variants`; not in the default set);
 - `by-hand`: the same StatefulSet unlabeled, its variables written by hand: no webhook, no launcher, no wait;
 - `by-hand-forms` (issue 32's fair baseline): the same hand-wired pods, whose program first forms the gang itself
   as a hand-written rendezvous does (FORMS: rank 0 listens on MASTER_ADDR:MASTER_PORT and accepts the N-1 others,
@@ -45,9 +47,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 import node_cpu  # noqa: E402  (bench/ is not a package)
 import node_start  # noqa: E402
 
-VARIANTS = ("configmap", "init", "by-hand", "by-hand-forms")
-NAMESPACES = {"configmap": "default", "init": "bench-init", "by-hand": "default", "by-hand-forms": "default"}
-SHORT = {"configmap": "conf", "init": "init", "by-hand": "hand", "by-hand-forms": "form"}  # in the gang's name
+VARIANTS = ("configmap", "init", "init-nowait", "by-hand", "by-hand-forms")
+NAMESPACES = {"configmap": "default", "init": "bench-init", "init-nowait": "bench-init", "by-hand": "default",
+              "by-hand-forms": "default"}
+SHORT = {"configmap": "conf", "init": "init", "init-nowait": "inow", "by-hand": "hand",
+         "by-hand-forms": "form"}  # in the gang's name
 BASELINES = ("by-hand", "by-hand-forms")
 
 # by-hand-forms' rank program (python -c): the gang formed over TCP, then node_start's GANGSTART line. A barrier
@@ -100,6 +104,9 @@ def gang(variant: str, name: str, size: int, image: str) -> list[dict]:
                 container["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}}
                 if variant == "by-hand-forms":
                     container["command"] = ["python", "-c", FORMS]
+            if variant == "init-nowait":
+                template = doc["spec"]["template"]["metadata"]
+                template.setdefault("annotations", {})["trainhook.dev/gang-wait"] = "none"
     return docs
 
 
@@ -213,7 +220,7 @@ def summary(rounds: list[dict]) -> dict:
                                                  for k in mine[0]["kubelet"]},
                               "cpu_s_median": {k: round(statistics.median(r["cpu_s"][k] for r in mine if k in r.get(
                                   "cpu_s", {})), 2) for k in mine[0].get("cpu_s", {})}}
-        for variant in ("configmap", "init"):
+        for variant in ("configmap", "init", "init-nowait"):
             mine = [r for r in done if r["variant"] == variant]
             for baseline, suffix in (("by-hand", ""), ("by-hand-forms", "_over_forms")):
                 hand = [r for r in done if r["variant"] == baseline]
@@ -247,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="2,8,32,64")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "init-nowait"))
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured first round of each variant")
     parser.add_argument("--summary", action="store_true", help="only summarize the result files there are")
     parser.add_argument("--out", default=str(OUT))
