@@ -142,6 +142,12 @@ class RateLimitedLog:
             log.warning(self.message, extra={"counts": self.counts, "seconds": LOG_INTERVAL})
             self.counts, self.last = {}, now
 
+    def flush(self) -> None:
+        """Log what was counted since the last line (at a stop: a flood's last seconds are not lost with it)."""
+        if self.counts:
+            log.warning(self.message, extra={"counts": self.counts, "seconds": time.monotonic() - self.last})
+            self.counts, self.last = {}, time.monotonic()
+
 
 class Tracked(asyncio.Protocol):
     """aiohttp's protocol for one connection, with the guard told when it starts and ends."""
