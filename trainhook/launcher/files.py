@@ -1,4 +1,5 @@
-"""The one way trainhook writes a file that someone may be reading: through a temporary name and a rename.
+"""The one way trainhook writes a file that someone may be reading: through a temporary name and a rename; and the
+launcher's private scratch directories (`private_directory`, `remove_tree`).
 
 A container may start on the launcher while an init container restarted mid-copy writes it again; mpirun may read
 the rsh agent while a second launcher attempt rewrites it; a `trainhook local` runner reads the outcome marker while
@@ -52,3 +53,61 @@ def write_json_atomically(path: AnyPath, data: object, indent: Optional[int] = N
     """`data` as JSON, written as write_atomically writes (the launcher's outcome marker, `trainhook local`'s
     control files, the local notary's records)."""
     write_atomically(path, json.dumps(data, indent=indent).encode())
+
+
+# Where tempfile looks, in its order (tempfile._candidate_tempdir_list), the working directory last.
+TEMPORARY_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+TEMPORARY_PLACES = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def private_directory(prefix: str) -> str:
+    """A new directory that only this user may enter, made where tempfile.mkdtemp would make it ($TMPDIR, $TEMP,
+    $TMP, /tmp, /var/tmp, /usr/tmp, the working directory: the first where one can be made), its name `prefix` and
+    12 random hex digits. Without tempfile: importing it (with shutil, bz2, lzma and weakref behind it) was ~3 ms
+    of every launcher's start (issue 32). OSError when no place takes one (a read-only file system)."""
+    places = [os.environ[v] for v in TEMPORARY_VARIABLES if os.environ.get(v)] + list(TEMPORARY_PLACES)
+    try:
+        places.append(os.getcwd())
+    except OSError:  # the working directory is gone
+        pass
+    last: OSError = FileNotFoundError(f"no temporary directory among {places}")
+    for place in places:
+        for _ in range(16):  # a name taken: draw another (tempfile tries 10,000 times; 48 random bits need few)
+            path = os.path.abspath(os.path.join(place, prefix + os.urandom(6).hex()))
+            try:
+                os.mkdir(path, 0o700)
+                return path
+            except FileExistsError as e:
+                last = e
+            except OSError as e:  # not there, not a directory, not writable: the next place
+                last = e
+                break
+    raise last
+
+
+def remove_tree(path: str) -> None:
+    """Remove `path` and everything under it as far as it can, errors ignored (shutil.rmtree with ignore_errors,
+    without importing shutil); a link is removed, never followed. Iterative: a training that nests directories
+    deeply cannot exhaust the launcher's stack."""
+    found: list = []
+    pending = [path]
+    while pending:
+        directory = pending.pop()
+        found.append(directory)
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append(entry.path)
+                        else:
+                            os.unlink(entry.path)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+    for directory in reversed(found):  # every directory was found after the one holding it
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass

@@ -23,11 +23,11 @@ import json
 import math
 import os
 import re
-import tempfile
 import threading
 import time
 
 from trainhook.gang import keys
+from trainhook.launcher import files
 from trainhook.launcher.speak import speaker
 
 TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
@@ -297,7 +297,7 @@ def progress_file(env: Mapping[str, str]) -> str:
     if given:
         return given
     try:
-        return os.path.join(tempfile.mkdtemp(prefix="trainhook-progress-"), "progress.jsonl")
+        return os.path.join(files.private_directory("trainhook-progress-"), "progress.jsonl")
     except OSError:
         return ""
 

@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import signal
-import tempfile
 import time
 
 from trainhook.gang import keys
-from trainhook.launcher import ending
+from trainhook.launcher import ending, files
 from trainhook.launcher.coordination import failure_cause
 from trainhook.launcher import notary_client, progress
 from trainhook.launcher.pod_view import ConfigError, GangView, parse_gang
@@ -97,7 +95,7 @@ class MemberLauncher:
             if self.coordinator is not None:
                 self.coordinator.close()
             if self.error_directory:
-                shutil.rmtree(self.error_directory, ignore_errors=True)
+                files.remove_tree(self.error_directory)
 
     def _run(self) -> int:
         gang, settings = self.gang, self.settings
@@ -300,7 +298,7 @@ class MemberLauncher:
         """A private directory for torchrun's error files (failure_cause), made once; "" when none can be."""
         if self.error_directory is None:
             try:
-                self.error_directory = tempfile.mkdtemp(prefix="trainhook-launch-")
+                self.error_directory = files.private_directory("trainhook-launch-")
             except OSError as e:  # a read-only /tmp: the failure is judged by the output alone
                 say(f"no directory for torchrun's error file ({e.strerror or e}); judging failures by the output")
                 self.error_directory = ""
