@@ -19,7 +19,7 @@ from aiohttp import web
 from trainhook.webhook import launcher_configmap
 from trainhook.webhook.notary import routes as notary_routes, service as notary
 from trainhook.webhook.notary import settings as notary_settings
-from trainhook.webhook.serving import GUARD, app_runner, guard_app, serve_app
+from trainhook.webhook.serving import app_runner, guard_app, serve_app, stop_app
 from trainhook.webhook.notary.gang_key import GangKey
 from trainhook.webhook.handlers import LIFECYCLE, METRICS, SETTINGS, WORKLOADS
 from trainhook.webhook.notary.metrics import NotaryMetrics
@@ -150,9 +150,6 @@ def serve_notary(app: web.Application, args: argparse.Namespace, context: ssl.SS
         if sweeping is not None:
             sweeping.cancel()
             await asyncio.gather(sweeping, return_exceptions=True)
-        accepting.cancel()
-        sock.close()
-        await runner.cleanup()
-        notary_app[GUARD].refusals.flush()
+        await stop_app(runner, accepting, sock)
 
     app.cleanup_ctx.append(listener)

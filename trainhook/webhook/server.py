@@ -30,7 +30,7 @@ from aiohttp import web
 from trainhook.webhook.notary import settings as notary_settings
 from trainhook.webhook.background import (keep_gang_key, keep_launcher_configmaps, serve_notary, watch_certificates,
                                           watch_statefulsets)
-from trainhook.webhook.serving import GUARD, app_runner, serve_app
+from trainhook.webhook.serving import app_runner, serve_app, stop_app
 from trainhook.webhook.notary.gang_key import GangKey
 from trainhook.webhook.handlers import BODY_DEADLINE, LIFECYCLE, create_app
 from trainhook.webhook.observability import configure_logging
@@ -282,10 +282,7 @@ async def serve(app: web.Application, host: str, port: int, context: ssl.SSLCont
     deadline = loop.time() + drain_timeout
     while lifecycle.in_flight and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    accepting.cancel()
-    listener.close()
-    await runner.cleanup()
-    app[GUARD].refusals.flush()
+    await stop_app(runner, accepting, listener)
     log.info("stopped", extra={"in_flight": lifecycle.in_flight})
 
 

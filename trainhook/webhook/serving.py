@@ -79,3 +79,12 @@ def serve_app(runner: web.AppRunner, host: str, port: int,
     guard.protocol_factory, guard.context = runner.server, context
     listener = listen(host, port, guard.limits.backlog)
     return asyncio.create_task(guard.serve(listener)), listener
+
+
+async def stop_app(runner: web.AppRunner, accepting: asyncio.Task, listener: socket.socket) -> None:
+    """Undo serve_app: stop accepting, close the socket and the app's connections, then log the refusals the
+    guard counted since its last line (lost with the process otherwise)."""
+    accepting.cancel()
+    listener.close()
+    await runner.cleanup()
+    runner.app[GUARD].refusals.flush()
