@@ -139,14 +139,17 @@ class RateLimitedLog:
         self.counts[reason] = self.counts.get(reason, 0) + 1
         now = time.monotonic()
         if now - self.last >= LOG_INTERVAL:
-            log.warning(self.message, extra={"counts": self.counts, "seconds": LOG_INTERVAL})
-            self.counts, self.last = {}, now
+            self._write(LOG_INTERVAL, now)
 
     def flush(self) -> None:
         """Log what was counted since the last line (at a stop: a flood's last seconds are not lost with it)."""
         if self.counts:
-            log.warning(self.message, extra={"counts": self.counts, "seconds": time.monotonic() - self.last})
-            self.counts, self.last = {}, time.monotonic()
+            now = time.monotonic()
+            self._write(now - self.last, now)
+
+    def _write(self, seconds: float, now: float) -> None:
+        log.warning(self.message, extra={"counts": self.counts, "seconds": seconds})
+        self.counts, self.last = {}, now
 
 
 class Tracked(asyncio.Protocol):
