@@ -97,10 +97,11 @@ def test_a_trainer_v2_notebook_trains_the_v1_function_on_the_node(node, release)
         names.clear()
     except BaseException:
         print(node.describe(NAMESPACE))
-        for each in names:  # each gang's launchers say where it stands (a CI run once found one Running at 180 s)
-            for pod in node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "name", check=False).split():
-                if pod.removeprefix("pod/").startswith(f"{each}-"):
-                    print(f"--- {pod}\n{node.logs(NAMESPACE, pod.removeprefix('pod/'))}")
+        # Each gang's launchers say where it stands (a CI run once found one Running at 180 s).
+        pods = [p.removeprefix("pod/") for p in node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "name",
+                                                               check=False).split()]
+        for pod in (p for p in pods if any(p.startswith(f"{each}-") for each in names)):
+            print(f"--- {pod}\n{node.logs(NAMESPACE, pod)}")
         raise
     finally:
         for each in names:
