@@ -20,6 +20,25 @@ REPO = Path(__file__).resolve().parents[2]
 RELEASE, RELEASE_NAMESPACE = "trainhook", "trainhook"
 
 
+# Run in a pod by Cluster.processes: pid, parent, state and command of each process, then its threads' waits.
+PROCESSES = """
+import os
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return "?"
+for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+    fields = read(f"/proc/{pid}/stat").rpartition(")")[2].split()
+    print(pid, "ppid", fields[1] if fields else "?", "state", fields[0] if fields else "?",
+          read(f"/proc/{pid}/cmdline").replace(chr(0), " ")[:300])
+    for tid in sorted(os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else [], key=int):
+        print("   thread", tid, read(f"/proc/{pid}/task/{tid}/comm").strip(), "wchan",
+              read(f"/proc/{pid}/task/{tid}/wchan"))
+"""
+
+
 def _load(name: str, path: Path):
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
@@ -77,6 +96,12 @@ class Cluster:
         args = ["logs", "-n", namespace, pod] + (["-c", container] if container else []) + \
             (["--previous"] if previous else [])
         return self.kubectl(*args, check=False)
+
+    def processes(self, namespace: str, pod: str) -> str:
+        """What a failing test prints about a pod that did not end: each process of its container and each of
+        their threads, with state and kernel wait channel (a launcher waiting on its child, a child that did not
+        exit), read from /proc by the image's own Python."""
+        return self.kubectl("exec", "-n", namespace, pod, "--", "python", "-c", PROCESSES, check=False, timeout=30)
 
     def kill_container(self, namespace: str, pod: str, container: str, signal: str = "SIGKILL") -> str:
         """Signal a running container's main process from the host, through containerd (what an OOM kill or a

@@ -101,7 +101,7 @@ def test_a_trainer_v2_notebook_trains_the_v1_function_on_the_node(node, release)
         pods = [p.removeprefix("pod/") for p in node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "name",
                                                                check=False).split()]
         for pod in (p for p in pods if any(p.startswith(f"{each}-") for each in names)):
-            print(f"--- {pod}\n{node.logs(NAMESPACE, pod)}")
+            print(f"--- {pod}\n{node.logs(NAMESPACE, pod)}\n--- {pod}'s processes\n{node.processes(NAMESPACE, pod)}")
         raise
     finally:
         for each in names:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from trainhook.local.network import list_run_namespaces
-from helpers import local_summary as summary
+from helpers import local_failure, local_summary as summary
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP = ROOT / "examples" / "pytorch" / "ddp.yaml"
@@ -63,7 +63,7 @@ def test_the_ddp_example_trains_on_four_pods_once_and_cleans_up(tmp_path):
     """The StatefulSet's pods restart per restartPolicy Always, as on a kubelet: the delivered launcher is what
     keeps the finished training from running again (it parks)."""
     result = local(str(DDP), "--timeout", "240", "--workdir", str(tmp_path / "run"))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, local_failure(result)
     rows = summary(result.stdout)
     assert sorted(rows) == ["ddp-0", "ddp-1", "ddp-2", "ddp-3"]
     assert [(rows[p][0], rows[p][1], rows[p][3]) for p in sorted(rows)] == [

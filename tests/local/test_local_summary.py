@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers import local_summary as summary
+from helpers import local_failure, local_summary as summary
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP = ROOT / "examples" / "pytorch" / "ddp.yaml"
@@ -37,7 +37,7 @@ def closing(stdout: str) -> list[str]:
 
 def test_the_demo_says_succeeded_names_no_vanished_directory_and_says_where_the_logs_went():
     result = local(str(DDP), "--timeout", "240")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, local_failure(result)
     rows = summary(result.stdout)
     assert {pod: (row[0], row[1], row[3]) for pod, row in rows.items()} == {
         f"ddp-{i}": (str(i), "0", "Succeeded") for i in range(4)}

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from objects import pod_of_job, review
-from helpers import local_summary as summary
+from helpers import local_failure, local_summary as summary
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "tensorflow"
@@ -84,7 +84,7 @@ def local(manifest: Path, tmp_path: Path, timeout: float = 420) -> subprocess.Co
 
 def test_the_mirrored_example_trains_two_workers_in_sync_to_equal_weights(tmp_path):
     result = local(MIRRORED, tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, local_failure(result)
     rows = summary(result.stdout)
     assert len(rows) == 2 and all(re.fullmatch(r"mirrored-[01]-\w{5}", pod) for pod in rows)
     assert sorted((row[0], row[1], row[3]) for row in rows.values()) == [("0", "0", "Completed"),
@@ -100,7 +100,7 @@ def test_the_mirrored_example_trains_two_workers_in_sync_to_equal_weights(tmp_pa
 
 def test_the_parameter_server_example_trains_and_its_loss_falls(tmp_path):
     result = local(PS, tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, local_failure(result)
     rows = summary(result.stdout)
     roles = sorted(re.fullmatch(r"ps-training-(\w+)-\d-\w{5}", pod)[1] for pod in rows)
     assert roles == ["chief", "ps", "ps", "worker", "worker"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 
 def wait_for(what: str, check, timeout: float = 30.0, interval: float = 0.25):
@@ -28,3 +30,15 @@ def local_summary(stdout: str) -> dict[str, list[str]]:
         cells = line.split()
         rows[cells[0]] = cells[1:]
     return rows
+
+
+def local_failure(result, limit: int = 3000) -> str:
+    """What a failed `trainhook local` run says, for an assertion's message: the ends of its stdout and stderr and
+    of the failing pod's own container logs (the run names their directory), which the summary's tail can miss
+    (a crash's lines come before the gang's stop)."""
+    parts = [result.stdout[-limit:], result.stderr[-limit:]]
+    named = re.search(r"\(the failing pod's: ([^)]+?)/?\)", result.stdout + result.stderr)
+    if named and Path(named[1]).is_dir():
+        for log in sorted(Path(named[1]).glob("*.log")):
+            parts.append(f"--- {log}\n{log.read_text(errors='replace')[-limit:]}")
+    return "\n".join(parts)
