@@ -232,9 +232,50 @@ class Training:
                 pass
 
     def kill_group(self) -> None:
-        """SIGKILL every process of the command's process group."""
-        if self.proc is not None:
+        """SIGKILL every process the command started: its process group, and the processes below it that left
+        the group (torchrun starts each worker in a session of its own, so the group alone misses them). While
+        the command lives they are found by their parent links; once it has exited they were handed to the
+        container's PID 1, which is this launcher in a pod, and then every other process in the container is
+        what this attempt left behind (the launcher starts nothing else while an attempt runs)."""
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            strays = descendants(self.proc.pid)
+        else:
+            strays = descendants(os.getpid()) if os.getpid() == 1 else []
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in strays:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` now, by the parent links in /proc (whatever their group or session); [] where
+    /proc cannot be read."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after the command's name, which may hold spaces
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
