@@ -159,12 +159,14 @@ class ClusterAuthority:
             return watched, False
         return await self.get_pod(namespace, name), True
 
-    def _list_gang_pods_blocking(self, namespace: str) -> dict:
+    def _list_gang_pods_blocking(self, namespace: str) -> bytes:
+        """The namespace's gang pods as the API server answered them (JSON text: pod_watch.listed_pods decodes it
+        with the collector paused)."""
         response = self._send("GET", f"/api/v1/namespaces/{namespace}/pods", None, "application/json",
                               [("labelSelector", keys.JOB_NAME)], (self.timeout, 60))
         if response.status != 200:
             raise RuntimeError(f"list pods of {namespace}: HTTP {response.status} {response.reason}")
-        return parse_body(response.read())
+        return response.read()
 
     def _watch_gang_pods_blocking(self, namespace: str, version: str) -> WatchStream:
         response = self._send("GET", f"/api/v1/namespaces/{namespace}/pods", None, "application/json",

@@ -26,6 +26,8 @@ valid token for a namespace cannot make the notary watch it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import threading
 import time
@@ -122,19 +124,45 @@ class NamespacePods:
             self.pods[name] = slim(pod)
 
 
-def listed_pods(listed: dict) -> tuple[dict[str, dict], str]:
+def listed_pods(listed: dict | bytes) -> tuple[dict[str, dict], str]:
     """A list's pods by name, slimmed, and its resourceVersion. A function of its own so that the list itself is
     freed on return: held in `run`'s frame it lived as long as the watch after it (minutes), a 10,000-pod list with
     every pod's containers and status, ~400,000 objects that each full garbage collection walked (1.3-1.5 s of the
-    notary's CPU while a 10,000-member gang got its keys)."""
+    notary's CPU while a 10,000-member gang got its keys).
+
+    The API server's answer as it came (bytes) is decoded, slimmed and freed with the collector paused
+    (`collector_paused`): every object the decoding makes is alive until the slimming is done, so a collection
+    meanwhile only walks them, and half of a large list's decoding CPU was such collections (a 2,000-pod list,
+    13.8 MB: 0.15-0.18 s decoded with the collector, 0.08-0.09 s without)."""
+    if isinstance(listed, bytes):
+        with collector_paused():
+            return _slimmed(parse_body(listed))
+    return _slimmed(listed)
+
+
+def _slimmed(listed: dict) -> tuple[dict[str, dict], str]:
     pods = {(p.get("metadata") or {}).get("name", ""): slim(p) for p in listed.get("items") or []}
     return pods, (listed.get("metadata") or {}).get("resourceVersion", "")
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """The cyclic garbage collector off for the block, for every thread of the process (the event loop's too, for
+    the fraction of a second a list's decoding takes: what it allocates meanwhile is collected afterwards). Only
+    the block that turned it off turns it on again, so two namespaces' lists at once never leave it off."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 Call = Callable[..., Any]  # the authority's blocking call: (method, path, query, stream) -> decoded JSON or response
 
 
-def run(pods: NamespacePods, list_call: Callable[[], dict], watch_call: Callable[[str], Any]) -> None:
+def run(pods: NamespacePods, list_call: Callable[[], dict | bytes], watch_call: Callable[[str], Any]) -> None:
     """Keep `pods` current until its stop is set (or it has been idle IDLE seconds): list, then watch from the
     list's version; on any failure mark it not live (callers GET meanwhile) and list again."""
     failures = 0
@@ -177,7 +205,7 @@ def run(pods: NamespacePods, list_call: Callable[[], dict], watch_call: Callable
 class PodWatches:
     """The namespaces' watches, started on demand (see the module docstring for the bounds)."""
 
-    def __init__(self, list_call: Callable[[str], dict], watch_call: Callable[[str, str], Any],
+    def __init__(self, list_call: Callable[[str], dict | bytes], watch_call: Callable[[str, str], Any],
                  max_namespaces: int = MAX_NAMESPACES) -> None:
         self.list_call, self.watch_call, self.max_namespaces = list_call, watch_call, max_namespaces
         self.watched: dict[str, NamespacePods] = {}
