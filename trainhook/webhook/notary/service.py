@@ -223,7 +223,8 @@ class Notary:
             if kept is outcome:
                 await self._emit(gang, [gang.anchor_workload], *outcome_message(outcome), key=outcome["time"])
             return kept
-        outcome = await self._with_pods(gang, outcome)
+        pods = await self.authority.list_gang_pods(gang.namespace, gang.job)  # once: names and workloads both
+        outcome = self._with_pods(gang, outcome, pods)
         for _ in range(MAX_CONFLICTS):
             recorded = recorded_outcome(workload)
             if recorded is not None:
@@ -241,7 +242,7 @@ class Notary:
         else:
             raise Unreachable(f"the record on {gang.anchor_workload.kind}/{gang.anchor_workload.name} kept "
                               "conflicting with other writes")
-        workloads = await self._workloads(gang)
+        workloads = await self._workloads(gang, pods)
         for ref, obj in workloads[1:]:
             if recorded_outcome(obj) is None:
                 await self.authority.patch_workload(gang.namespace, ref.kind, ref.name, record_patch(outcome))
@@ -253,22 +254,27 @@ class Notary:
                                                  "code": outcome["code"], "rank": outcome["rank"]})
         return outcome
 
-    async def _with_pods(self, gang: Gang, outcome: dict) -> dict:
+    @staticmethod
+    def _with_pods(gang: Gang, outcome: dict, pods: list[dict]) -> dict:
         """The outcome with the pod names of the ranks it names (the deciding one, and those whose last lines it
-        keeps), read from the gang's own pods: a launcher cannot know its Job pod's generated name."""
-        pods = await self.authority.list_gang_pods(gang.namespace, gang.job)
+        keeps), read from the gang's own `pods`: a launcher cannot know its Job pod's generated name."""
         names = rank_pods(pods, {ref.uid for ref in gang_workloads(gang, pods)})
         found = {rank: names[rank] for rank in {outcome["rank"], *outcome.get("logs", {})} if rank in names}
         return {**outcome, "pod": outcome.get("pod") or found.get(outcome["rank"], ""), "pods": found}
 
     async def emit(self, verified: Verified, kind: str, reason: str, message: str) -> None:
         gang = verified.gang
-        targets = [gang.anchor_workload] if gang.bare else [ref for ref, _ in await self._workloads(gang)]
+        if gang.bare:
+            targets = [gang.anchor_workload]
+        else:
+            pods = await self.authority.list_gang_pods(gang.namespace, gang.job)
+            targets = [ref for ref, _ in await self._workloads(gang, pods)]
         await self._emit(gang, targets, kind, reason, message, key=uuid.uuid4().hex)
 
-    async def _workloads(self, gang: Gang) -> list[tuple[WorkloadRef, dict]]:
-        """The gang's workloads as read now: the anchor's first, then the others that carry the job name."""
-        pods = await self.authority.list_gang_pods(gang.namespace, gang.job)
+    async def _workloads(self, gang: Gang, pods: list[dict]) -> list[tuple[WorkloadRef, dict]]:
+        """The gang's workloads as read now, found from its `pods` (a list of them just made): the anchor's first,
+        then the others that carry the job name. A 10,000-pod gang's list is seconds of the API server's and the
+        notary's time, so a record lists once for the ranks' pod names and the workloads both."""
         found: list[tuple[WorkloadRef, dict]] = []
         for ref in gang_workloads(gang, pods):
             obj = await self.authority.get_workload(gang.namespace, ref.kind, ref.name)
