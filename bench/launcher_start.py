@@ -5,7 +5,7 @@ is each training container's launcher: 25 launchers starting at once on 2 cores 
 line. A start is CPU (imports, compiling, the notary's TLS), so this counts CPU (user + sys of the launcher
 process alone, from wait4) and wall per start, one start at a time on an idle machine as far as it can be.
 
-What a start is here: `PYTHON -I launcher.pyz run -- true` with the environment the webhook gives a pod of a
+What a start is here: `PYTHON -I -S launcher.pyz run -- true` (as the entry program execs it) with the environment the webhook gives a pod of a
 4-pod PyTorch Job (tests/support/gang_notary.py: the real webhook and notary on loopback, each pod's own identity
 token), up to the launcher's first word about the gang's coordinator, then SIGKILL:
 - a member (rank 1): it asked the notary for the gang's key (HTTPS), then tried rank 0 (`cannot reach the gang's
@@ -16,6 +16,9 @@ Also: `PYTHON -I -c pass`, and the same stdlib modules a member imports without 
 start cannot go under), the zip's size, and which of our modules each role imported (`-X importtime`).
 
     .venv/bin/python bench/launcher_start.py [--starts 30] [--python /usr/bin/python3] [--zip PATH] [--no-bytecode]
+
+`--zip A.pyz --flags=-I --zip B.pyz --flags="-I -S"`: each zip under the interpreter flags its own entry program
+used (the entry execs `-I -S` since issue 32's fourth round, `-I` before); default `-I -S` for every zip.
 
 `--install N`: instead, the init container's delivery (`deliver.install`, issue 32) N times each way, interleaved,
 CPU of this process (time.process_time): building the zip in the pod, as before, and copying the one the launcher
@@ -117,6 +120,8 @@ def main() -> int:
     parser.add_argument("--zip", type=Path, action="append",
                         help="a launcher.pyz to measure instead of deliver.build_zip()'s (repeat: compared, "
                              "interleaved; each is labelled by its file name)")
+    parser.add_argument("--flags", action="append",
+                        help="the interpreter flags of the --zip before it (repeat, one a --zip; default '-I -S')")
     parser.add_argument("--no-bytecode", action="store_true", help="build the zip with sources only")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--install", type=int, metavar="N", help="time the init container's delivery instead")
@@ -126,13 +131,15 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="launcher-start-") as tmp_name:
         tmp = Path(tmp_name)
-        zips = {}
-        for given in args.zip or [None]:
+        zips, flags = {}, {}
+        given_flags = args.flags or []
+        for index, given in enumerate(args.zip or [None]):
             label = given.stem if given else "bytecode" if not args.no_bytecode else "sources"
             launcher = tmp / label / deliver.ZIP_NAME
             launcher.parent.mkdir()
             launcher.write_bytes(given.read_bytes() if given else deliver.build_zip(bytecode_too=not args.no_bytecode))
             zips[label] = launcher
+            flags[label] = (given_flags[index] if index < len(given_flags) else "-I -S").split()
         python = subprocess.run([args.python, "-VV"], capture_output=True, text=True).stdout.strip()
         results: dict = {"python": python, "starts": args.starts}
         base = {"PATH": "/usr/bin:/bin"}
@@ -141,7 +148,7 @@ def main() -> int:
             envs = {}
             for role, pod in (("rank 0", pods[0]), ("member", pods[1])):
                 envs[role] = {**notary.env(pod), **base, "TRAINHOOK_COORDINATOR_PORT": str(free_port())}
-            commands = {label: [args.python, "-I", str(launcher), "run", "--", "true"]
+            commands = {label: [args.python, *flags[label], str(launcher), "run", "--", "true"]
                         for label, launcher in zips.items()}
             stdlib: dict[str, list[str]] = {}
             for label, command in commands.items():

@@ -103,8 +103,10 @@ def test_the_zip_fits_a_configmap_beside_the_entry_program():
 
 
 def imports_until(launcher: Path, env: dict[str, str], marker: str) -> set[str]:
-    """The modules a `run` start imports up to its line holding `marker` (then it is killed)."""
-    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-I", str(launcher), "run", "--", "true"], env=env,
+    """The modules a `run` start imports up to its line holding `marker` (then it is killed), started as the
+    entry program starts it (`-I -S`: test_delivery_entry.py)."""
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-I", "-S", str(launcher), "run", "--", "true"],
+                            env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen, lines = set(), []
     try:
@@ -140,9 +142,10 @@ def test_a_members_start_imports_only_modules_with_bytecode_and_not_the_coordina
     # What issue 32 took off every start: http.client (notary_client), dataclasses with its inspect (plain classes),
     # the idna codec (the notary's host name as bytes), datetime (outcome.now_rfc3339), typing (~4 ms: every module a
     # start imports, trainhook/__init__.py included, imports its names for annotations only), tempfile and shutil
-    # (with bz2 and lzma: files.private_directory and remove_tree, ~3 ms).
+    # (with bz2 and lzma: files.private_directory and remove_tree, ~3 ms), subprocess with its locale (~2.5 ms: the
+    # training is started by launcher/child.py's posix_spawn).
     assert not {"http.client", "dataclasses", "inspect", "encodings.idna", "datetime", "typing", "tempfile",
-                "shutil", "bz2", "lzma"} & (member | rank0)
+                "shutil", "bz2", "lzma", "subprocess", "locale"} & (member | rank0)
     sources = entries(ZIP)
     loads = {}
     for module in ours:

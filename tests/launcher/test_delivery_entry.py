@@ -35,6 +35,7 @@ if os.environ.get("PROBE_WAIT"):
     for _ in range(600):
         time.sleep(0.1)
 print(json.dumps({"argv": sys.argv, "pid": os.getpid(), "isolated": sys.flags.isolated,
+                  "no_site": sys.flags.no_site, "site_imported": "site" in sys.modules,
                   "executable": sys.executable}))
 if os.environ.get("PROBE_SIGNAL"):
     os.kill(os.getpid(), int(os.environ["PROBE_SIGNAL"]))
@@ -112,7 +113,7 @@ def test_its_message_is_the_shell_scripts_word_for_word(delivered, tmp_path):
     assert (by_shell.returncode, by_shell.stderr) == (127, NO_PYTHON)
 
 
-def test_it_execs_python3_isolated_on_the_zip_beside_it_with_every_argument_verbatim(delivered, tmp_path):
+def test_it_execs_python3_isolated_without_site_on_the_zip_beside_it_with_every_argument_verbatim(delivered, tmp_path):
     bin_dir = python_dir(tmp_path, "python3", "python")
     words = ["run", "--", "python", "-c", "print(1)", "a b", "'single'", '"double"', "", "$HOME", "*", "x\ny",
              "--", "-I", "ünïcode", "back\\slash"]
@@ -123,6 +124,7 @@ def test_it_execs_python3_isolated_on_the_zip_beside_it_with_every_argument_verb
     assert process.returncode == 0
     assert seen["argv"] == [str(delivered.parent.parent / "launcher.pyz"), *words]
     assert seen["isolated"] == 1 and seen["executable"] == str(bin_dir / "python3")
+    assert seen["no_site"] == 1 and not seen["site_imported"]  # ~3 ms of a start: the launcher needs none of it
     assert seen["pid"] == process.pid  # exec: no process of ours stays between the kubelet and Python
 
 
@@ -172,7 +174,7 @@ def test_an_old_python_is_told_the_fix_by_the_zips_first_lines(tmp_path):
     bin_dir.mkdir()
     old = bin_dir / "python3"
     old.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.version_info = (3, 7, 9)\n"
-                   "assert sys.argv[1] == '-I'\nsys.argv = sys.argv[2:]\n"
+                   "assert sys.argv[1:3] == ['-I', '-S']\nsys.argv = sys.argv[3:]\n"
                    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
     old.chmod(0o755)
     done = launch(tmp_path / "trainhook" / "bin" / "trainhook-launch", "run", "--", "true", path=str(bin_dir))

@@ -295,6 +295,7 @@ ZIP_WITH_BYTECODE = [
     'trainhook/gang/lookup.py',
     'trainhook/gang/shape.py',
     'trainhook/launcher/__init__.py',
+    'trainhook/launcher/child.py',
     'trainhook/launcher/cli.py',
     'trainhook/launcher/coordination/__init__.py',
     'trainhook/launcher/coordination/coordinator.py',

@@ -82,10 +82,10 @@ sys.exit(main())
 
 # The entry point where no compiled one can be had (no C compiler on a machine without the images): needs /bin/sh.
 SHIM = f'''#!/bin/sh
-# trainhook's delivered launcher: the image's own Python runs launcher.pyz (standard library only), isolated.
+# trainhook's delivered launcher: the image's own Python runs launcher.pyz (standard library only), isolated, no site.
 for python in python3 python; do
   if command -v "$python" >/dev/null 2>&1; then
-    exec "$python" -I "${{0%/bin/*}}/{ZIP_NAME}" "$@"
+    exec "$python" -I -S "${{0%/bin/*}}/{ZIP_NAME}" "$@"
   fi
 done
 echo "trainhook-launch: no python3 or python on PATH in this image; {FIX}" >&2
@@ -170,7 +170,7 @@ def self_command() -> list[str]:
     zip with this very Python, isolated, when running from one; else the installed package."""
     for parent in Path(os.path.abspath(__file__)).parents:
         if parent.suffix == ".pyz":
-            return [sys.executable, "-I", str(parent)]
+            return [sys.executable, "-I", "-S", str(parent)]
     return [sys.executable, "-m", "trainhook.launcher.cli"]
 
 

@@ -18,15 +18,18 @@ from __future__ import annotations
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 
+from trainhook.launcher.child import Child, spawn
 from trainhook.launcher.output_tail import Tee
 
 TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
 if TYPE_CHECKING:
-    from typing import Callable, Mapping, Sequence
+    import subprocess
+    from typing import Callable, Mapping, Sequence, Union
+
+    Started = Union[Child, subprocess.Popen]  # mpi/launch.py's orted is a Popen
 
 # Signals a pod's command should see: Kubernetes' stop (TERM), a terminal's (INT, HUP), and the USR pair that
 # schedulers and checkpointing code use for "save now".
@@ -102,7 +105,7 @@ class SignalForwarder:
     pipe, to which every caught signal writes a byte, SIGCHLD included, so no signal waits for the child."""
 
     def __init__(self) -> None:
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: Started | None = None
         self.pending: list[int] = []
         self.previous: dict = {}
         self.previous_wakeup = -1
@@ -117,7 +120,7 @@ class SignalForwarder:
         except ProcessLookupError:
             pass  # it exited already; its status is being collected
 
-    def attach(self, child: subprocess.Popen[bytes]) -> None:
+    def attach(self, child: Started) -> None:
         self.child = child
         for signum in self.pending:
             self(signum)
@@ -157,7 +160,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> in
     """Run `argv` as a child with signals forwarded; return its exit code (128+N if killed by signal N)."""
     with SignalForwarder() as forward:
         try:
-            child = subprocess.Popen(list(argv), env=None if env is None else dict(env))
+            child = spawn(argv, env)
         except FileNotFoundError:
             print(f"trainhook-launch: command not found: {argv[0]}", file=sys.stderr, flush=True)
             return EXIT_NOT_FOUND
@@ -166,7 +169,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> in
             return EXIT_CANNOT_EXECUTE
         forward.attach(child)
         status = forward.wait(child.pid, reap_all=os.getpid() == 1)
-        child.returncode = returncode(status)  # collected here: Popen must not wait again
+        child.returncode = returncode(status)
         return exit_code(status)
 
 
@@ -177,7 +180,7 @@ class Training:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_exit: Callable[[int], None]):
         self.argv, self.env, self.on_exit = list(argv), dict(env), on_exit
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
         self.tee: Tee | None = None
         self.cause = ""  # why it could not start, in words (the outcome's reason carries it)
 
@@ -190,11 +193,7 @@ class Training:
         try:
             # Its own process group (not session: a container's processes share its session, which is how
             # `trainhook local` ends a container whole, as a runtime does).
-            if sys.version_info >= (3, 11):
-                group: dict = {"process_group": 0}
-            else:  # Python 3.8 to 3.10, an image's
-                group = {"preexec_fn": os.setpgrp}
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=err, **group)
+            self.proc = spawn(self.argv, self.env, stdout=out, stderr=err, own_group=True)
         except FileNotFoundError:
             tee.abandon()
             self.cause = f"command not found: {self.argv[0]}"
@@ -217,7 +216,7 @@ class Training:
     def _wait(self) -> None:
         assert self.proc is not None
         status = wait_for(self.proc.pid, reap_all=os.getpid() == 1)
-        self.proc.returncode = returncode(status)  # collected here: Popen must not wait again
+        self.proc.returncode = returncode(status)
         self.kill_group()  # what the command left behind goes with it, so no stale peer outlives an attempt
         if self.tee is not None:
             self.tee.finish()  # its last lines are in the tail before its exit is reported
