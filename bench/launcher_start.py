@@ -5,9 +5,9 @@ is each training container's launcher: 25 launchers starting at once on 2 cores 
 line. A start is CPU (imports, compiling, the notary's TLS), so this counts CPU (user + sys of the launcher
 process alone, from wait4) and wall per start, one start at a time on an idle machine as far as it can be.
 
-What a start is here: `PYTHON -I -S launcher.pyz run -- true` (as the entry program execs it) with the environment the webhook gives a pod of a
-4-pod PyTorch Job (tests/support/gang_notary.py: the real webhook and notary on loopback, each pod's own identity
-token), up to the launcher's first word about the gang's coordinator, then SIGKILL:
+What a start is here: `PYTHON -I -S launcher.pyz run -- true` (as the entry program execs it) with the environment
+the webhook gives a pod of a 4-pod PyTorch Job (tests/support/gang_notary.py: the real webhook and notary on
+loopback, each pod's own identity token), up to the launcher's first word about the gang's coordinator, then SIGKILL:
 - a member (rank 1): it asked the notary for the gang's key (HTTPS), then tried rank 0 (`cannot reach the gang's
   coordinator`: rank 0's name does not resolve on this host);
 - rank 0: it asked the notary for the key and the recorded outcome, started its coordinator and joined it over

@@ -7,10 +7,10 @@ bench/launcher_start.py). The launcher uses Popen for nothing but a pid: it coll
 
 `spawn` keeps what Popen promises a command: PATH is searched in the environment the command gets (Popen's rule,
 not posix_spawnp's, which reads the launcher's own), with Popen's errors for a command that is not there
-(FileNotFoundError) or may not run (PermissionError, or what exec says, e.g. a bad interpreter line); signals Python ignores
-(SIGPIPE, SIGXFSZ) are back to their defaults; no descriptor of the launcher's other than 0, 1 and 2 is inherited
-(Python makes its own non-inheritable; any others it was started with are closed, as close_fds does). The
-standard library only, Python 3.8 or newer (os.posix_spawn): this runs in the users' images.
+(FileNotFoundError) or may not run (PermissionError, or what exec says, e.g. a bad interpreter line); signals
+Python ignores (SIGPIPE, SIGXFSZ) are back to their defaults; no descriptor of the launcher's other than 0, 1 and 2
+is inherited (Python makes its own non-inheritable; any others it was started with are closed, as close_fds
+does). The standard library only, Python 3.8 or newer (os.posix_spawn): this runs in the users' images.
 """
 
 from __future__ import annotations
