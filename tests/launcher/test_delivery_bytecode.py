@@ -143,9 +143,9 @@ def test_a_members_start_imports_only_modules_with_bytecode_and_not_the_coordina
     # the idna codec (the notary's host name as bytes), datetime (outcome.now_rfc3339), typing (~4 ms: every module a
     # start imports, trainhook/__init__.py included, imports its names for annotations only), tempfile and shutil
     # (with bz2 and lzma: files.private_directory and remove_tree, ~3 ms), subprocess with its locale (~2.5 ms: the
-    # training is started by launcher/child.py's posix_spawn).
+    # training is started by launcher/child.py's posix_spawn), random and secrets (~0.6 ms: reach.draw, os.urandom).
     assert not {"http.client", "dataclasses", "inspect", "encodings.idna", "datetime", "typing", "tempfile",
-                "shutil", "bz2", "lzma", "subprocess", "locale"} & (member | rank0)
+                "shutil", "bz2", "lzma", "subprocess", "locale", "random", "secrets"} & (member | rank0)
     sources = entries(ZIP)
     loads = {}
     for module in ours:

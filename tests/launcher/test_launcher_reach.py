@@ -149,3 +149,13 @@ def test_a_refusing_peer_is_retried_sooner_than_a_name_that_does_not_resolve():
     assert backoff.next(refused) == pytest.approx(0.1)  # from 0.5 straight down to the lower cap
     now[0] = 60.0
     assert max(backoff.next(refused) for _ in range(10)) == pytest.approx(3.0)  # 5% of a minute
+
+
+def test_the_jitter_is_uniform_in_its_bounds_without_the_random_module():
+    """reach.draw stands in for random.random (a start does not import `random`): in [0, 1), spread over it."""
+    draws = [reach.draw() for _ in range(4000)]
+    assert all(0.0 <= d < 1.0 for d in draws)
+    tenths = [sum(1 for d in draws if k / 10 <= d < (k + 1) / 10) for k in range(10)]
+    assert min(tenths) > 300 and max(tenths) < 500, tenths  # ~400 each; a stuck or skewed draw fails
+    spread = [reach.uniform(0.1, 5.0) for _ in range(1000)]
+    assert all(0.1 <= s <= 5.0 for s in spread) and max(spread) - min(spread) > 4.0

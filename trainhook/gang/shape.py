@@ -17,7 +17,7 @@ TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launc
 if TYPE_CHECKING:
     from typing import Sequence
 
-ELASTIC_RANGE = re.compile(r"^(\d+):(\d+)$")
+ELASTIC_RANGE = r"^(\d+):(\d+)$"  # compiled on first use (re's cache): a launcher's start seldom needs it
 
 # ShapeError kinds: a part that is not `name=value`; a count that is not a non-negative integer; a role the
 # framework does not have; a role written twice; a gang of no members; a range that is not `min:max`.
@@ -131,7 +131,7 @@ def size_of(text: str) -> int:
 def parse_range(text: str) -> tuple[int, int]:
     """(min, max) of a `min:max` elastic range (`trainhook.dev/elastic`, TRAINHOOK_ELASTIC); raises ShapeError
     RANGE unless it is two integers with 1 <= min <= max."""
-    match = ELASTIC_RANGE.match(text.strip())
+    match = re.match(ELASTIC_RANGE, text.strip())
     if not match or not 1 <= int(match[1]) <= int(match[2]):
         raise ShapeError(RANGE, text)
     return int(match[1]), int(match[2])

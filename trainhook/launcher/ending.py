@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import threading
 import time
@@ -24,6 +23,7 @@ from trainhook.launcher.pod_view import GangView
 from trainhook.launcher.outcome import FAILED, SUCCEEDED, Outcome, now_rfc3339
 from trainhook.launcher.policy import LaunchSettings
 from trainhook.launcher.process import reap_exited
+from trainhook.launcher.reach import uniform
 from trainhook.launcher.speak import speaker
 from trainhook.launcher.files import write_json_atomically
 
@@ -92,7 +92,7 @@ class Recorder:
                 if self.refused or time.monotonic() > until:
                     self.log(f"the outcome is not recorded: {self.last}")
                     return False
-                time.sleep(random.uniform(notary_client.FIRST_DELAY, notary_client.MAX_DELAY))
+                time.sleep(uniform(notary_client.FIRST_DELAY, notary_client.MAX_DELAY))
                 continue
             if recorded is None:
                 self.last = f"no notary ({keys.TH_NOTARY} is not set)"
@@ -106,7 +106,7 @@ class Recorder:
         with its gang's pods in its cache)."""
         delay = KEEP_DELAY_FIRST
         while time.monotonic() + delay < until:
-            time.sleep(random.uniform(delay / 2, delay))
+            time.sleep(uniform(delay / 2, delay))
             if self.attempt(time.monotonic()):
                 self.log(f"{self.said} (after {self.tries} tries)")
                 return True

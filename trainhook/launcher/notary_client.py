@@ -24,7 +24,6 @@ docs/develop/performance.md).
 from __future__ import annotations
 
 import json
-import random
 import socket
 import ssl
 import threading
@@ -34,7 +33,7 @@ from trainhook.gang import keys
 from trainhook.launcher.policy import IDENTITY_TOKEN_FILE as TOKEN_FILE
 from trainhook.launcher.outcome import Outcome
 from trainhook.launcher.policy import LaunchSettings
-from trainhook.launcher.reach import ascii_name, dial
+from trainhook.launcher.reach import ascii_name, dial, uniform
 from trainhook.launcher.speak import speaker
 from trainhook.gang.keys import TH_IDENTITY_TOKEN
 
@@ -113,7 +112,7 @@ class NotaryClient:
                 if last != said:
                     log(f"waiting for the gang's key from the notary: {last}; retrying")
                     said = last
-                time.sleep(min(left, random.uniform(FIRST_DELAY, ceiling)))
+                time.sleep(min(left, uniform(FIRST_DELAY, ceiling)))
                 ceiling = min(ceiling * 2, MAX_DELAY)
                 continue
             if (answer.get("namespace"), answer.get("job")) != (namespace, job):

@@ -39,7 +39,7 @@ DEFAULT_INTERVAL, MIN_INTERVAL = 10.0, 5.0  # seconds between forwards (the nota
 MAX_LINE = 4096  # bytes of one JSON line; a longer line is skipped
 MAX_READ = 256 * 1024  # bytes read per look; a file that grew more is read from its newest MAX_READ bytes
 MAX_METRICS = 16
-METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
+METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"  # compiled on first use (re's cache), not at every start
 KNOWN = {"step": "step", "total_steps": "totalSteps", "totalSteps": "totalSteps", "epoch": "epoch",
          "percent": "percent", "progress_percentage": "percent", "progressPercentage": "percent",
          "eta_seconds": "etaSeconds", "etaSeconds": "etaSeconds",
@@ -63,7 +63,7 @@ def _report_number(name: str, value: object) -> float:
 def _metric(metrics: Dict[str, float], name: object, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return
-    if len(metrics) < MAX_METRICS and isinstance(name, str) and METRIC_NAME.match(name):
+    if len(metrics) < MAX_METRICS and isinstance(name, str) and re.match(METRIC_NAME, name):
         metrics[name] = float(value)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import secrets
+import os
 import socket
 import threading
 
@@ -37,7 +37,7 @@ class RejectedMessage(Exception):
 
 
 def new_nonce() -> str:
-    return secrets.token_hex(16)
+    return os.urandom(16).hex()  # secrets.token_hex's bytes, without importing secrets (and random)
 
 
 def canonical(body: dict) -> str:
