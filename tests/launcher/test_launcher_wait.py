@@ -295,3 +295,26 @@ def test_names_are_made_absolute_with_the_pods_own_search_domain(tmp_path):
     assert wait_module.search_domain("other", str(conf)) is None  # not this namespace's: names stay as they are
     assert wait_module.qualified("job-worker-0.job", None) == "job-worker-0.job"
     assert wait_module.search_domain("ml", str(tmp_path / "missing")) is None
+
+
+def test_the_init_containers_dns_wait_and_install_import_no_tls_no_dataclasses_no_typing(tmp_path):
+    """Every pod of the init-container path runs this command before its training can start (issue 32: on one
+    node they start together). A dns wait never calls the notary, so it does not load ssl (~7 ms; only the tcp
+    barrier asks for the gang's key), and it imports no dataclasses (with inspect, ast, dis, tokenize: ~10 ms),
+    typing or secrets. Run as the launcher image runs it, installing into a directory first; without
+    site (-S, the checkout on PYTHONPATH), whose .pth hooks in this virtualenv import modules of their own."""
+    hosts = gang_hosts(tmp_path, [0, 1, 2])
+    cmd = ["unshare", "--net", "--mount", "--", "sh", "-c", BIND_HOSTS, str(hosts), sys.executable, "-S", "-X",
+           "importtime", *LAUNCH[1:], "wait", "--install", str(tmp_path / "trainhook"), "--mode", "dns",
+           "--timeout", "10"]
+    env = {**pod_env(1), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    code, out, err = finish(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True))
+    assert code == 0 and "all peers are there" in out, (out, err[-3000:])
+    assert (tmp_path / "trainhook" / "launcher.pyz").is_file()  # the install ran in the same process
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \| *(\S+)$", err, re.M))
+    assert "trainhook.launcher.wait.dns" in imported
+    # (random is left out: here, with no prebuilt entry program, install compiles and caches one with tempfile,
+    # which imports it; the launcher image's is prebuilt.)
+    heavy = {"ssl", "trainhook.launcher.notary_client", "dataclasses", "inspect", "typing", "secrets"}
+    assert not heavy & imported, heavy & imported

@@ -53,11 +53,11 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trainhook.gang import keys
 from trainhook.launcher.files import write_atomically
 
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
 if TYPE_CHECKING:
     import ast
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 from trainhook.launcher.pod_view import GangView
 from trainhook.launcher.reach import LISTED, Backoff, describe, listen, qualified, search_domain
 from trainhook.launcher.wait.dns import say, wait_dns
-from trainhook.launcher.wait.tcp import wait_tcp
 
 # Backoff, the names, describe and listen: launcher/reach.py
 __all__ = ["Backoff", "describe", "listen", "qualified", "search_domain", "wait"]
@@ -74,6 +73,7 @@ def wait(gang: GangView) -> int:
     if gang.gang_wait == "dns":
         result = wait_dns(gang, gang.wait_timeout)
     else:
+        from trainhook.launcher.wait.tcp import wait_tcp  # here: its notary call's ssl is ~7 ms of a dns wait's start
         try:
             result = wait_tcp(gang, gang.wait_timeout)
         except OSError as e:  # the port is taken or not ours to bind: say so instead of a traceback

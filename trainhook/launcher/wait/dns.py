@@ -13,12 +13,14 @@ import queue
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
 
 from trainhook.launcher.pod_view import GangView, Peer
 from trainhook.launcher.reach import Backoff, describe, qualified, search_domain
 from trainhook.launcher.speak import speaker
+
+TYPE_CHECKING = False  # typing's own, without importing typing (trainhook/launcher/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Callable
 
 MEMBER_FLOOR, GATHER_FLOOR = 0.5, 0.25  # the cap's starting value: rank 0's poll is one query, a member's two
 FULL_PASS_EVERY = 10.0  # rank 0 resolves every missing member's name at least this often (see wait_gathering)
@@ -44,18 +46,19 @@ class Progress:
             say(line + (f"; waiting for {describe(missing)}" if missing else ""))
 
 
-@dataclass
 class Result:
     """What a wait found: the members still missing at the deadline (empty: done), why each, and how many are
-    missing in all when only some are named (a member's tcp wait knows the first LISTED of rank 0's list)."""
+    missing in all when only some are named (a member's tcp wait knows the first LISTED of rank 0's list).
+    A plain class: dataclasses (with inspect, ast, dis and tokenize) was ~10 ms of every init container's start."""
 
-    missing: list[Peer] = field(default_factory=list)
-    why: dict[int, str] = field(default_factory=dict)
-    count: int = 0
-    source: str = ""
+    __slots__ = ("missing", "why", "count", "source")
 
-    def __post_init__(self) -> None:
-        self.count = max(self.count, len(self.missing))
+    def __init__(self, missing: list[Peer] | None = None, why: dict[int, str] | None = None, count: int = 0,
+                 source: str = "") -> None:
+        self.missing = [] if missing is None else missing
+        self.why = {} if why is None else why
+        self.count = max(count, len(self.missing))
+        self.source = source
 
 
 def resolves(address: str) -> bool:

@@ -5,11 +5,10 @@ A module of its own because only rank 0 runs it, and it is the larger half of th
 
 from __future__ import annotations
 
-import secrets
+import os
 import selectors
 import socket
 import time
-from dataclasses import dataclass, field
 
 from trainhook.launcher.pod_view import GangView
 from trainhook.launcher.reach import qualified, search_domain
@@ -21,17 +20,19 @@ from trainhook.launcher.wire import same_mac
 LOOKUP_EVERY = 1.0  # rank 0 asks a member's name again at most this often (a hello from an address not known yet)
 
 
-@dataclass
 class Session:
     """One member's connection at rank 0: its rank once the hello named it, both nonces, lines signed so far."""
 
-    since: float
-    buffer: bytes = b""
-    rank: int | None = None
-    member_nonce: str = ""
-    rank0_nonce: str = field(default_factory=lambda: secrets.token_hex(16))
-    proven: bool = False
-    sent: int = 0
+    __slots__ = ("since", "buffer", "rank", "member_nonce", "rank0_nonce", "proven", "sent")
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.buffer = b""
+        self.rank: int | None = None
+        self.member_nonce = ""
+        self.rank0_nonce = os.urandom(16).hex()  # secrets.token_hex's bytes, without importing secrets
+        self.proven = False
+        self.sent = 0
 
 
 class Gathering:

@@ -9,7 +9,6 @@ mode itself (`wait_tcp`) and a member's side of it.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import time
 
@@ -73,7 +72,7 @@ def join_gathering(gang: GangView, deadline: float, key: bytes = b"") -> Result:
         floor = MEMBER_FLOOR
         try:
             with connect_peer(target, gang.gang_wait_port, CONNECT_TIMEOUT) as conn:
-                mine = secrets.token_hex(16)
+                mine = os.urandom(16).hex()
                 conn.sendall(barrier_hello(gang, mine))
                 lines = Lines(conn)
                 theirs = rank0_nonce(lines.read(min(deadline, time.monotonic() + CONNECT_TIMEOUT)), rank0.rank,
