@@ -11,7 +11,8 @@
  *
  * (isolated from the user's PYTHON* variables and user site, and without `site`: the launcher needs nothing from
  * site-packages, and `site` with its .pth files was ~3 ms of every start's CPU; the training it runs is the
- * user's own command, under their Python as they wrote it), where DIR is where it was delivered: its own path up to the last "/bin/", as the shell script cut its $0.
+ * user's own command, under their Python as they wrote it), where DIR is where it was delivered: its own path up
+ * to the last "/bin/", as the shell script cut its $0.
  * It execs, so nothing of it stays: the Python has its pid, its exit code and its signals. The zip's first lines
  * check the Python's version (3.8 or newer) and name the fix (launcher/deliver.py MAIN). With no Python on PATH
  * it prints one line naming the fix and exits 127, as a shell does for a missing command.

@@ -5,7 +5,6 @@ A module of its own because only rank 0 runs it, and it is the larger half of th
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import time
@@ -15,7 +14,7 @@ from trainhook.launcher.reach import qualified, search_domain
 from trainhook.launcher.wait.dns import CONNECT_TIMEOUT, REPORT_EVERY, Progress
 from trainhook.launcher.wait.tcp_lines import (ADDRESS, KEY, TO_MEMBER, TO_RANK0, mac, missing_line, parse_hello,
                                                plain_ip)
-from trainhook.launcher.wire import same_mac
+from trainhook.launcher.wire import new_nonce, same_mac
 
 LOOKUP_EVERY = 1.0  # rank 0 asks a member's name again at most this often (a hello from an address not known yet)
 
@@ -30,7 +29,7 @@ class Session:
         self.buffer = b""
         self.rank: int | None = None
         self.member_nonce = ""
-        self.rank0_nonce = os.urandom(16).hex()  # secrets.token_hex's bytes, without importing secrets
+        self.rank0_nonce = new_nonce()
         self.proven = False
         self.sent = 0
 

@@ -20,6 +20,7 @@ from trainhook.launcher.wait.dns import CONNECT_TIMEOUT, MEMBER_FLOOR, Result, s
 from trainhook.launcher.wait.gathering import Gathering
 from trainhook.launcher.wait.tcp_lines import (ADDRESS, KEY, TO_RANK0, barrier_hello, mac, parse_missing,
                                                rank0_nonce, signed_line)
+from trainhook.launcher.wire import new_nonce
 
 
 def gang_wait_key(gang: GangView, deadline: float, env=os.environ) -> bytes:
@@ -72,7 +73,7 @@ def join_gathering(gang: GangView, deadline: float, key: bytes = b"") -> Result:
         floor = MEMBER_FLOOR
         try:
             with connect_peer(target, gang.gang_wait_port, CONNECT_TIMEOUT) as conn:
-                mine = os.urandom(16).hex()
+                mine = new_nonce()
                 conn.sendall(barrier_hello(gang, mine))
                 lines = Lines(conn)
                 theirs = rank0_nonce(lines.read(min(deadline, time.monotonic() + CONNECT_TIMEOUT)), rank0.rank,
