@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from typing import Callable, Iterable
 
 FIRST_DELAY, GROWTH, MAX_DELAY = 0.1, 1.5, 5.0
+CAP_SHARE = 0.05  # the cap rises to this share of the time waited: a late answer costs at most ~5% more waiting
+REFUSED_FLOOR = 0.1  # the cap's starting value while a known address refuses (see retry_floor)
+REUSE_FOR = 10.0  # seconds a resolved address is reused while connects to it are refused
+LISTED = 8  # members named in one message; the rest are counted
 
 
 def draw() -> float:
@@ -43,10 +47,6 @@ def draw() -> float:
 def uniform(low: float, high: float) -> float:
     """A uniform float between `low` and `high`, as random.uniform."""
     return low + (high - low) * draw()
-CAP_SHARE = 0.05  # the cap rises to this share of the time waited: a late answer costs at most ~5% more waiting
-REFUSED_FLOOR = 0.1  # the cap's starting value while a known address refuses (see retry_floor)
-REUSE_FOR = 10.0  # seconds a resolved address is reused while connects to it are refused
-LISTED = 8  # members named in one message; the rest are counted
 
 
 class Backoff:
