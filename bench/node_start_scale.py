@@ -16,6 +16,11 @@ an order that rotates every round so a change of the machine's load falls on all
   as a hand-written rendezvous does (FORMS: rank 0 listens on MASTER_ADDR:MASTER_PORT and accepts the N-1 others,
   which resolve and connect, retrying every 0.1 s; once all are in, rank 0 says so to each), then prints: what
   trainhook's barrier does, without trainhook. Pairs against it say what trainhook adds beyond forming the gang.
+- `forms-volumes` and `forms-onevolume` (diagnostic baselines, `--variants` only): `by-hand-forms` with the volumes
+  the ConfigMap path gives each pod (the launcher ConfigMap and the identity token's projection, whose
+  TokenRequest the kubelet makes for each pod), as two volumes the way the webhook adds them, or as one projected
+  volume holding both; nothing reads them. They tell the kubelet's share of the ConfigMap path's time from the
+  launcher's.
 The pods request 10m CPU and 16Mi (64 of them fit the 2-core node; hack/node_config.py's maxPods is 250).
 
 Per round: "apply -> the last rank printed" (each rank prints time.time(): one clock for the node and this
@@ -47,12 +52,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 import node_cpu  # noqa: E402  (bench/ is not a package)
 import node_start  # noqa: E402
 
-VARIANTS = ("configmap", "init", "init-nowait", "by-hand", "by-hand-forms")
+VARIANTS = ("configmap", "init", "init-nowait", "by-hand", "by-hand-forms", "forms-volumes", "forms-onevolume")
+DIAGNOSTIC = ("init-nowait", "forms-volumes", "forms-onevolume")  # not in the default set
 NAMESPACES = {"configmap": "default", "init": "bench-init", "init-nowait": "bench-init", "by-hand": "default",
-              "by-hand-forms": "default"}
+              "by-hand-forms": "default", "forms-volumes": "default", "forms-onevolume": "default"}
 SHORT = {"configmap": "conf", "init": "init", "init-nowait": "inow", "by-hand": "hand",
-         "by-hand-forms": "form"}  # in the gang's name
-BASELINES = ("by-hand", "by-hand-forms")
+         "by-hand-forms": "form", "forms-volumes": "fvol", "forms-onevolume": "fone"}  # in the gang's name
+BASELINES = ("by-hand", "by-hand-forms", "forms-volumes", "forms-onevolume")
+FORMING = ("by-hand-forms", "forms-volumes", "forms-onevolume")
 
 # by-hand-forms' rank program (python -c): the gang formed over TCP, then node_start's GANGSTART line. A barrier
 # like trainhook's: no rank prints before every member has connected to rank 0.
@@ -94,16 +101,37 @@ cluster_dns = load_hack("cluster_dns")
 node_config = node_start.load_node().cfg  # hack/node_config.py, as hack/node.py imports it
 
 
-def gang(variant: str, name: str, size: int, image: str) -> list[dict]:
-    """node_start's bare gang (trainhook-labeled or wired by hand), with tiny requests; by-hand-forms' pods run
-    FORMS."""
+def trainhook_volumes(variant: str, launcher_configmap: str) -> tuple[list[dict], list[dict]]:
+    """The ConfigMap path's volumes and mounts (webhook/admission/delivery.py), as the webhook adds them
+    (`forms-volumes`) or merged into one projected volume mounted at both paths (`forms-onevolume`)."""
+    launcher = {"configMap": {"name": launcher_configmap, "items": [
+        {"key": "launcher.pyz", "path": "launcher.pyz", "mode": 0o444},
+        {"key": "trainhook-launch", "path": "bin/trainhook-launch", "mode": 0o555}]}}
+    token = {"serviceAccountToken": {"audience": "trainhook", "expirationSeconds": 3600, "path": "token"}}
+    paths = {"trainhook-launcher": "/trainhook", "trainhook-identity": "/var/run/secrets/trainhook.dev/identity"}
+    if variant == "forms-volumes":
+        volumes = [{"name": "trainhook-launcher", **launcher},
+                   {"name": "trainhook-identity", "projected": {"sources": [token]}}]
+        return volumes, [{"name": n, "mountPath": p, "readOnly": True} for n, p in paths.items()]
+    volumes = [{"name": "trainhook-both", "projected": {"sources": [launcher, token]}}]
+    return volumes, [{"name": "trainhook-both", "mountPath": p, "readOnly": True} for p in paths.values()]
+
+
+def gang(variant: str, name: str, size: int, image: str, launcher_configmap: str = "") -> list[dict]:
+    """node_start's bare gang (trainhook-labeled or wired by hand), with tiny requests; the forming baselines'
+    pods run FORMS."""
     docs = node_start.manifests("by-hand" if variant in BASELINES else "trainhook", name, size, image, "bare")
     for doc in docs:
         if doc["kind"] == "StatefulSet":
-            for container in doc["spec"]["template"]["spec"]["containers"]:
+            spec = doc["spec"]["template"]["spec"]
+            for container in spec["containers"]:
                 container["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}}
-                if variant == "by-hand-forms":
+                if variant in FORMING:
                     container["command"] = ["python", "-c", FORMS]
+                if variant in ("forms-volumes", "forms-onevolume"):
+                    volumes, mounts = trainhook_volumes(variant, launcher_configmap)
+                    spec["volumes"] = spec["volumes"] + volumes
+                    container["volumeMounts"] = container["volumeMounts"] + mounts
             if variant == "init-nowait":
                 template = doc["spec"]["template"]["metadata"]
                 template.setdefault("annotations", {})["trainhook.dev/gang-wait"] = "none"
@@ -139,7 +167,11 @@ def pods_of(node: node_start.Node, namespace: str, name: str) -> list[dict]:
 def one_round(node: node_start.Node, variant: str, size: int, timeout: float = 300) -> dict:
     namespace = NAMESPACES[variant]
     name = f"sc-{SHORT[variant]}-{size}-{uuid.uuid4().hex[:4]}"
-    docs = gang(variant, name, size, node.images["torch"])
+    launcher_configmap = ""
+    if variant in ("forms-volumes", "forms-onevolume"):  # the one the webhook made (it delivers the launcher)
+        names = node.kubectl("get", "configmaps", "-n", namespace, "-o", "name").split()
+        launcher_configmap = next(n.split("/", 1)[1] for n in names if n.startswith("configmap/trainhook-launcher-"))
+    docs = gang(variant, name, size, node.images["torch"], launcher_configmap)
     state_dir = str(node.state_dir)
     cpu_before = node_cpu.snapshot(state_dir, node_config.CGROUP_ROOT)
     start = time.time()
@@ -220,7 +252,7 @@ def summary(rounds: list[dict]) -> dict:
                                                  for k in mine[0]["kubelet"]},
                               "cpu_s_median": {k: round(statistics.median(r["cpu_s"][k] for r in mine if k in r.get(
                                   "cpu_s", {})), 2) for k in mine[0].get("cpu_s", {})}}
-        for variant in ("configmap", "init", "init-nowait"):
+        for variant in ("configmap", "init", "init-nowait", "forms-volumes", "forms-onevolume"):
             mine = [r for r in done if r["variant"] == variant]
             for baseline, suffix in (("by-hand", ""), ("by-hand-forms", "_over_forms")):
                 hand = [r for r in done if r["variant"] == baseline]
@@ -254,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="2,8,32,64")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "init-nowait"))
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v not in DIAGNOSTIC))
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured first round of each variant")
     parser.add_argument("--summary", action="store_true", help="only summarize the result files there are")
     parser.add_argument("--out", default=str(OUT))
