@@ -24,12 +24,13 @@ RUN musl-gcc -static -Os -s -o /trainhook-launch /src/trainhook-launch.c
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/trainhook /opt/trainhook
-# The launcher zip the init container delivers into every gang pod, built once here instead of in each pod
-# (launcher/deliver.py PREBUILT_ZIP, used while its key matches the installed modules; in this stage because
-# the build stage is the webhook image's too).
-RUN /opt/trainhook/bin/python -c "from trainhook.launcher import deliver; deliver.write_prebuilt()"
 # Where launcher/deliver.py looks for it (PREBUILT): the init container copies it into every gang pod.
 COPY --from=entry /trainhook-launch /opt/trainhook/libexec/trainhook/trainhook-launch
+# The launcher zip the init container delivers into every gang pod, built once here instead of in each pod
+# (launcher/deliver.py PREBUILT_ZIP, used while its key matches the installed modules; in this stage because
+# the build stage is the webhook image's too). After the program: the zip stores its bytecode uncompressed
+# where it fits a ConfigMap beside that program (deliver.build_zip), as the webhook's ConfigMap does.
+RUN /opt/trainhook/bin/python -c "from trainhook.launcher import deliver; deliver.write_prebuilt()"
 ENV PATH=/opt/trainhook/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # Numeric, so the kubelet can check runAsNonRoot; the webhook gives the init container the same user.
 USER 65532:65532

@@ -75,10 +75,11 @@ def test_a_python_with_another_magic_number_compiles_the_sources(tmp_path):
     assert (done.returncode, done.stdout, done.stderr) == (3, "sources\n", "")  # not 99: no .pyc was run
 
 
+@pytest.mark.parametrize("stored", [True, False], ids=["bytecode-stored", "bytecode-deflated"])
 @pytest.mark.parametrize("python", PYTHON38[:1] + [sys.executable])  # as tests/launcher/test_launcher_boundary.py
-def test_python_38_and_this_one_run_the_zip_as_built(tmp_path, python):
+def test_python_38_and_this_one_run_the_zip_as_built(tmp_path, python, stored):
     launcher = tmp_path / "launcher.pyz"
-    launcher.write_bytes(ZIP)
+    launcher.write_bytes(deliver.build_zip(stored=stored))
     done = launch(python, launcher, "run", "--", "sh", "-c", "echo old; exit 4")
     assert (done.returncode, done.stdout) == (4, "old\n"), done.stderr
 
@@ -95,11 +96,30 @@ def test_the_same_modules_give_the_same_bytes_in_any_process():
     assert fresh.stdout == here == deliver.build_zip()
 
 
-def test_the_zip_fits_a_configmap_beside_the_entry_program():
+def compress_types(data: bytes) -> dict[str, set[int]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        kinds: dict[str, set[int]] = {".pyc": set(), ".py": set()}
+        for info in archive.infolist():
+            kinds[os.path.splitext(info.filename)[1]].add(info.compress_type)
+    return kinds
+
+
+def test_the_zip_fits_a_configmap_beside_the_entry_program(monkeypatch):
+    """The bytecode is stored (no inflating at each start) where it fits beside the entry program in a ConfigMap,
+    deflated where it does not (a glibc static program); the sources are deflated either way."""
     sources = deliver.build_zip(bytecode_too=False)
+    stored, deflated = deliver.build_zip(stored=True), deliver.build_zip(stored=False)
+    assert compress_types(stored) == {".pyc": {zipfile.ZIP_STORED}, ".py": {zipfile.ZIP_DEFLATED}}
+    assert compress_types(deflated) == {".pyc": {zipfile.ZIP_DEFLATED}, ".py": {zipfile.ZIP_DEFLATED}}
+    assert entries(stored) == entries(deflated)
     assert len(ZIP) + len(deliver.entry_program()) < lcm.MAX_BYTES
-    assert len(ZIP) < 350_000  # beside the largest entry program (glibc's, 683 KB) with room to spare
-    assert len(ZIP) < 2.5 * len(sources)
+    assert len(deflated) < 350_000  # beside the largest entry program (glibc's, 683 KB) with room to spare
+    assert len(deflated) < 2.5 * len(sources)
+    assert len(stored) < 800_000  # beside musl's 20 KB program (the images') with room to spare
+    for entry, chosen in ((b"\x7fELF" + bytes(20_000), stored), (b"\x7fELF" + bytes(683_000), deflated),
+                          (deliver.SHIM.encode(), stored)):
+        monkeypatch.setattr(deliver, "entry_program", lambda entry=entry: entry)
+        assert deliver.build_zip() == chosen
 
 
 def imports_until(launcher: Path, env: dict[str, str], marker: str) -> set[str]:

@@ -49,8 +49,9 @@ from trainhook.webhook.admission.delivery import LAUNCHER_CONFIGMAP_PREFIX as PR
 
 log = logging.getLogger("trainhook.webhook.launcher_configmap")
 
-# The API server refuses a ConfigMap whose data and binaryData hold more than 1 MiB together.
-MAX_BYTES = 1 << 20
+# The API server refuses a ConfigMap whose data and binaryData hold more than 1 MiB together (deliver.build_zip
+# deflates the zip's bytecode where the entry program would not fit beside it stored).
+MAX_BYTES = deliver.CONFIGMAP_BYTES
 LABELS = {"app.kubernetes.io/name": "trainhook", "app.kubernetes.io/component": "launcher",
           "app.kubernetes.io/managed-by": "trainhook-webhook"}
 
