@@ -137,7 +137,9 @@ def main() -> int:
             label = given.stem if given else "bytecode" if not args.no_bytecode else "sources"
             launcher = tmp / label / deliver.ZIP_NAME
             launcher.parent.mkdir()
-            launcher.write_bytes(given.read_bytes() if given else deliver.build_zip(bytecode_too=not args.no_bytecode))
+            # as the images deliver it: their entry program is musl's, so the bytecode is stored (deliver.build_zip)
+            launcher.write_bytes(given.read_bytes() if given else deliver.build_zip(bytecode_too=not args.no_bytecode,
+                                                                                    stored=True))
             zips[label] = launcher
             flags[label] = (given_flags[index] if index < len(given_flags) else "-I -S").split()
         python = subprocess.run([args.python, "-VV"], capture_output=True, text=True).stdout.strip()
