@@ -53,13 +53,14 @@ import node_cpu  # noqa: E402  (bench/ is not a package)
 import node_start  # noqa: E402
 
 VARIANTS = ("configmap", "init", "init-nowait", "by-hand", "by-hand-forms", "forms-volumes", "forms-onevolume")
-DIAGNOSTIC = ("init-nowait", "forms-volumes", "forms-onevolume")  # not in the default set
+WITH_VOLUMES = ("forms-volumes", "forms-onevolume")  # the forming gang with the ConfigMap path's volumes
+DIAGNOSTIC = ("init-nowait", *WITH_VOLUMES)  # not in the default set
 NAMESPACES = {"configmap": "default", "init": "bench-init", "init-nowait": "bench-init", "by-hand": "default",
               "by-hand-forms": "default", "forms-volumes": "default", "forms-onevolume": "default"}
 SHORT = {"configmap": "conf", "init": "init", "init-nowait": "inow", "by-hand": "hand",
          "by-hand-forms": "form", "forms-volumes": "fvol", "forms-onevolume": "fone"}  # in the gang's name
-BASELINES = ("by-hand", "by-hand-forms", "forms-volumes", "forms-onevolume")
-FORMING = ("by-hand-forms", "forms-volumes", "forms-onevolume")
+BASELINES = ("by-hand", "by-hand-forms", *WITH_VOLUMES)
+FORMING = ("by-hand-forms", *WITH_VOLUMES)
 
 # by-hand-forms' rank program (python -c): the gang formed over TCP, then node_start's GANGSTART line. A barrier
 # like trainhook's: no rank prints before every member has connected to rank 0.
@@ -128,7 +129,7 @@ def gang(variant: str, name: str, size: int, image: str, launcher_configmap: str
                 container["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}}
                 if variant in FORMING:
                     container["command"] = ["python", "-c", FORMS]
-                if variant in ("forms-volumes", "forms-onevolume"):
+                if variant in WITH_VOLUMES:
                     volumes, mounts = trainhook_volumes(variant, launcher_configmap)
                     spec["volumes"] = spec["volumes"] + volumes
                     container["volumeMounts"] = container["volumeMounts"] + mounts
@@ -168,7 +169,7 @@ def one_round(node: node_start.Node, variant: str, size: int, timeout: float = 3
     namespace = NAMESPACES[variant]
     name = f"sc-{SHORT[variant]}-{size}-{uuid.uuid4().hex[:4]}"
     launcher_configmap = ""
-    if variant in ("forms-volumes", "forms-onevolume"):  # the one the webhook made (it delivers the launcher)
+    if variant in WITH_VOLUMES:  # the one the webhook made (it delivers the launcher)
         names = node.kubectl("get", "configmaps", "-n", namespace, "-o", "name").split()
         launcher_configmap = next(n.split("/", 1)[1] for n in names if n.startswith("configmap/trainhook-launcher-"))
     docs = gang(variant, name, size, node.images["torch"], launcher_configmap)
@@ -252,7 +253,7 @@ def summary(rounds: list[dict]) -> dict:
                                                  for k in mine[0]["kubelet"]},
                               "cpu_s_median": {k: round(statistics.median(r["cpu_s"][k] for r in mine if k in r.get(
                                   "cpu_s", {})), 2) for k in mine[0].get("cpu_s", {})}}
-        for variant in ("configmap", "init", "init-nowait", "forms-volumes", "forms-onevolume"):
+        for variant in ("configmap", "init", "init-nowait", *WITH_VOLUMES):
             mine = [r for r in done if r["variant"] == variant]
             for baseline, suffix in (("by-hand", ""), ("by-hand-forms", "_over_forms")):
                 hand = [r for r in done if r["variant"] == baseline]
