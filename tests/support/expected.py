@@ -37,7 +37,7 @@ def wait_container(gang: dict, deliver: bool = True) -> dict:
                  "command": ["trainhook-launch", "wait"] + (["--install", "/trainhook"] if deliver else []),
                  "env": env(**gang),
                  "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                               "limits": {"cpu": "100m", "memory": "128Mi"}},
+                               "limits": {"cpu": "1", "memory": "128Mi"}},
                  "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65532,
                                      "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
                                      "seccompProfile": {"type": "RuntimeDefault"}}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trainhook.webhook.admission.tolerations import check_entries, parse_namespaces as parse_toleration_namespaces
 
@@ -25,9 +25,6 @@ class Settings:
     cluster_domain: str = "cluster.local"
     # Seconds the gang-wait init container waits for peers before failing with the names still missing.
     wait_timeout: int = 600
-    # Resources of the gang-wait init container (small: it only resolves names and opens sockets).
-    init_resources: dict = field(default_factory=lambda: {
-        "requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}})
     # The key each gang's token is derived from (HMAC of namespace/job-name): only the webhook holds it, so
     # no one outside a gang can forge its launchers' completion or failure messages. Every replica must share
     # it (the chart keeps it in a Secret); empty means no token is injected.

@@ -19,6 +19,7 @@ from trainhook.webhook.admission import provenance
 from trainhook.webhook.admission.member import DNS_LABEL, Member, Problems, parse_shape
 from trainhook.webhook.admission.jsondiff import json_copy
 from trainhook.webhook.admission.lifecycle import check_lifecycle_options, lifecycle_env
+from trainhook.webhook.admission.resources import wait_resources
 from trainhook.webhook.admission.scheduling import set_gang_scheduling
 from trainhook.webhook.settings import Settings, notary_ca_pem
 from trainhook.webhook.admission.tolerations import chart_tolerations
@@ -232,19 +233,19 @@ def restricted_context() -> dict:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver: bool,
+def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver: bool, resources: dict,
                         identity: list[tuple[str, str]] | None = None) -> dict:
     """The init container that first delivers the launcher (when `deliver`), then holds the pod until every
     peer resolves (or accepts connections); `gang` is the member's TRAINHOOK_* variables. One container does
     both: one image start per pod, not two. With `identity` (the notary's variables; tcp mode, where the pod has
     the identity volume) it also mounts the pod's token, so the tcp wait asks the notary for the gang's key and
     proves every hello with it (launcher/wait/tcp.py)."""
-    container = {
+    container: dict[str, Any] = {
         "name": keys.GANG_WAIT_CONTAINER,
         "image": settings.launcher_image,
         "command": [keys.LAUNCHER_PROGRAM, "wait"] + (["--install", keys.LAUNCHER_DIR] if deliver else []),
         "env": [{"name": n, "value": v} for n, v in gang],
-        "resources": json_copy(settings.init_resources),
+        **({"resources": resources} if resources else {}),  # resources.py's wait_resources: the pod's QoS kept
         "securityContext": restricted_context(),
     }
     mounts: list[dict] = [{"name": keys.LAUNCHER_VOLUME, "mountPath": keys.LAUNCHER_DIR}] if deliver else []
@@ -263,7 +264,7 @@ def set_gang_wait(spec: dict, member: Member, gang: list[tuple[str, str]], setti
         return
     init = spec.get("initContainers") or []
     if not any(c.get("name") == keys.GANG_WAIT_CONTAINER for c in init):
-        spec["initContainers"] = [gang_wait_container(gang, settings, deliver,
+        spec["initContainers"] = [gang_wait_container(gang, settings, deliver, wait_resources(spec),
                                                       identity if mode == "tcp" else None)] + init
 
 

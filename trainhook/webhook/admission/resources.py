@@ -1,10 +1,17 @@
-"""Extended resources (`nvidia.com/gpu`, ...) of a workload's pod template, checked at the workload's admission.
+"""Resources: the extended ones (`nvidia.com/gpu`, ...) of a workload's pod template, checked at the workload's
+admission, and those of the container trainhook injects into a pod, chosen so the pod keeps its QoS class.
 
 Kubernetes validates them only when a pod is created, not in a StatefulSet's or Job's template: `nvidia.com/gpu:
 500m` is accepted at `kubectl apply`, then every pod creation fails (FailedCreate `must be an integer`) and nothing
 shows on the workload. The webhook refuses the workload instead, naming the field, with the API server's own rules
 for an extended resource (pkg/apis/core/validation): a whole, non-negative quantity; a request needs a limit and
 equals it (extended resources are never overcommitted).
+
+The gang-wait init container (`wait_resources`): a Guaranteed pod stays Guaranteed only if every container,
+init containers included, has limits equal to its requests for CPU and memory. Requests below their limits made
+every labeled Guaranteed pod Burstable, losing the static CPU manager's exclusive cores and its eviction order. Its
+CPU limit is a whole core, not 100m: its work (a Python start, the launcher's copy, the wait) is ~0.1 s of CPU in
+one burst at the pod's start, which a 100m CFS quota stretched to a second or more on every pod, idle node or not.
 """
 
 from __future__ import annotations
@@ -40,6 +47,49 @@ def quantity(value: object) -> Decimal | None:
     if suffix in DECIMAL:
         return number * DECIMAL[suffix]
     return number * (Decimal(10) ** int(suffix[1:])) if suffix else number
+
+
+# The gang-wait container's share when the pod is Burstable or BestEffort (it makes a BestEffort pod Burstable: an
+# injected container is always bounded), and its memory when the pod is Guaranteed.
+WAIT_REQUESTS = {"cpu": "10m", "memory": "32Mi"}
+WAIT_LIMITS = {"cpu": "1", "memory": "128Mi"}
+# A Guaranteed pod's wait gets requests = limits: the CPU its own containers ask in all, within these bounds (the
+# pod's effective request is the larger of its containers' sum and any init container's, so within the sum it
+# costs the scheduler nothing).
+WAIT_GUARANTEED_CPU = (Decimal("0.1"), Decimal(1))
+QOS = ("cpu", "memory")
+
+
+def container_guaranteed(container: object) -> bool:
+    """Kubernetes' Guaranteed test for one container: CPU and memory limits, and requests (defaulted from the
+    limits when absent) equal to them."""
+    resources = container.get("resources") if isinstance(container, dict) else None
+    limits = (resources or {}).get("limits") if isinstance(resources, dict) else None
+    requests = (resources or {}).get("requests") if isinstance(resources, dict) else None
+    if not isinstance(limits, dict):
+        return False
+    requests = requests if isinstance(requests, dict) else {}
+    for name in QOS:
+        limit = quantity(limits.get(name))
+        if limit is None or (name in requests and quantity(requests[name]) != limit):
+            return False
+    return True
+
+
+def wait_resources(spec: dict) -> dict:
+    """The gang-wait init container's resources in a pod of `spec`. None when the pod has pod-level resources
+    (`spec.resources`, Kubernetes 1.32+): the pod's own budget then bounds every container, ours included."""
+    if spec.get("resources"):
+        return {}
+    containers = [c for field in ("containers", "initContainers") for c in spec.get(field) or []]
+    if not containers or not all(container_guaranteed(c) for c in containers):
+        return {"requests": dict(WAIT_REQUESTS), "limits": dict(WAIT_LIMITS)}
+    asked = sum((quantity(c["resources"]["limits"]["cpu"]) or Decimal(0) for c in spec.get("containers") or []),
+                Decimal(0))
+    low, high = WAIT_GUARANTEED_CPU
+    millis = int(min(max(asked, low), high) * 1000)
+    share = {"cpu": f"{millis // 1000}" if millis % 1000 == 0 else f"{millis}m", "memory": WAIT_LIMITS["memory"]}
+    return {"requests": share, "limits": dict(share)}
 
 
 def is_extended(name: str) -> bool:
