@@ -242,3 +242,21 @@ def test_a_priority_class_annotation_reaches_the_api_servers_priority_plugin(wir
         assert (created.spec.priority_class_name, created.spec.priority) == (name, 1000)
     finally:
         scheduling.delete_priority_class(name)
+
+
+@pytest.mark.parametrize("resources, qos", [
+    ({"limits": {"cpu": "2", "memory": "2Gi"}}, "Guaranteed"),  # requests default to the limits
+    ({"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}, "Burstable"),  # the example's
+])
+def test_the_gang_wait_keeps_the_pods_qos_class_as_the_api_server_computes_it(wired_cluster, k8s_namespace,
+                                                                               resources, qos):
+    """The API server classes each pod at its creation, after the webhook's patch: the gang-wait init container
+    (requests equal to its limits in a Guaranteed pod) leaves the class the user's containers give it."""
+    api_client, ns = wired_cluster["api"], k8s_namespace
+    sts = [o for o in example_objects() if o["kind"] == "StatefulSet"][0]
+    sts["spec"]["replicas"] = 2
+    sts["spec"]["template"]["spec"]["containers"][0]["resources"] = resources
+    client.AppsV1Api(api_client).create_namespaced_stateful_set(ns, sts)
+    pods = gang_pods(api_client, ns, 2)
+    assert [p.spec.init_containers[0].name for p in pods] == ["trainhook-gang-wait"] * 2
+    assert [p.status.qos_class for p in pods] == [qos] * 2
