@@ -10,14 +10,20 @@ tests/cluster/test_qos_cluster.py has the API server compute it.
 from __future__ import annotations
 
 import copy
+import json
 from decimal import Decimal
 
 import pytest
 
+from chart_render import HelmError, render_chart
+from objects import pod_of_statefulset, statefulset
+from test_server_https import admitted
+from test_tolerations import webhook_settings
 from trainhook.gang import keys
+from trainhook.webhook import server
 from trainhook.webhook.admission.mutate import mutate
 from trainhook.webhook.settings import Settings
-from objects import pod_of_statefulset, statefulset
+from webhook_process import start_webhook
 
 SETTINGS = Settings()
 UNITS = {"m": Decimal("0.001"), "Mi": Decimal(2 ** 20), "Gi": Decimal(2 ** 30), "": Decimal(1)}
@@ -49,7 +55,8 @@ def qos_class(spec: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-def wired_pod(*resources: dict, init_resources: dict | None = None, pod_resources: dict | None = None) -> dict:
+def wired_pod(*resources: dict, init_resources: dict | None = None, pod_resources: dict | None = None,
+              settings: Settings = SETTINGS) -> dict:
     """Rank 1 of a 2-pod gang whose containers have `resources` (the first is the training container), through
     the webhook's mutation of its StatefulSet and then of the pod."""
     sts = statefulset("ddp", 2)
@@ -62,9 +69,9 @@ def wired_pod(*resources: dict, init_resources: dict | None = None, pod_resource
                                    "resources": init_resources}]
     if pod_resources is not None:
         spec["resources"] = pod_resources
-    sts = mutate("StatefulSet", "CREATE", sts, "team-a", SETTINGS).obj
+    sts = mutate("StatefulSet", "CREATE", sts, "team-a", settings).obj
     before = pod_of_statefulset(sts, 1)
-    after = mutate("Pod", "CREATE", copy.deepcopy(before), "team-a", SETTINGS).obj
+    after = mutate("Pod", "CREATE", copy.deepcopy(before), "team-a", settings).obj
     assert any(c["name"] == keys.GANG_WAIT_CONTAINER for c in after["spec"]["initContainers"])
     return {"before": before["spec"], "after": after["spec"]}
 
@@ -125,3 +132,53 @@ def test_pod_level_resources_bound_the_wait_too():
     it gets no resources of its own (which could exceed that budget)."""
     pod = wired_pod({}, pod_resources={"limits": {"cpu": "4", "memory": "8Gi"}})
     assert wait_of(pod["after"]) is None
+
+
+# --- the chart's gangWaitResources: for namespaces whose LimitRange refuses the defaults ----------------------------
+
+CONFIGURED = {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "96Mi"}}
+
+
+def test_configured_resources_are_the_waits_and_a_guaranteed_pod_gets_their_limits_as_requests(tmp_path):
+    """Over HTTPS to a webhook started with --gang-wait-resources: a Burstable pod's wait gets them as given, a
+    Guaranteed pod's their limits as requests too (it stays Guaranteed)."""
+    hook = start_webhook(tmp_path, extra_args=["--gang-wait-resources", json.dumps(CONFIGURED)])
+    try:
+        for resources, expected, qos in (({"requests": {"cpu": "100m"}}, CONFIGURED, "Burstable"),
+                                         (GUARANTEED, {"requests": CONFIGURED["limits"],
+                                                       "limits": CONFIGURED["limits"]}, "Guaranteed")):
+            sts = statefulset("ddp", 2)
+            sts["spec"]["template"]["spec"]["containers"][0]["resources"] = resources
+            sts, response = admitted(hook, sts)
+            assert response["allowed"] is True, response
+            pod, response = admitted(hook, pod_of_statefulset(sts, 1))
+            assert response["allowed"] is True, response
+            assert wait_of(pod["spec"]) == expected
+            assert qos_class(pod["spec"]) == qos
+            assert admitted(hook, pod)[0] == pod  # idempotent: a second pass changes nothing
+    finally:
+        hook.stop()
+
+
+def test_the_chart_passes_gang_wait_resources_to_the_server(monkeypatch):
+    assert webhook_settings(render_chart({"gangWaitResources": CONFIGURED}), monkeypatch).wait_resources == CONFIGURED
+    assert webhook_settings(render_chart({}), monkeypatch).wait_resources == {}
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"limits": {"cpu": "1"}}, "gangWaitResources.limits must give memory"),
+    ({"requests": {"cpu": "2"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+     "gangWaitResources.requests.cpu=2 is more than its limit 1"),
+    ({"limits": {"cpu": "lots", "memory": "1Gi"}}, "gangWaitResources.limits.cpu='lots' is not a quantity"),
+    ({"limit": {"cpu": "1", "memory": "1Gi"}}, "gangWaitResources must be an object with requests and limits only"),
+])
+def test_the_server_refuses_gang_wait_resources_that_would_fail_every_pod_naming_the_value(value, message, capsys):
+    with pytest.raises(SystemExit):
+        server.parse_args(["--tls-cert", "c", "--tls-key", "k", "--gang-wait-resources", json.dumps(value)])
+    assert message in capsys.readouterr().err
+
+
+def test_the_charts_schema_refuses_a_malformed_value_naming_its_path():
+    with pytest.raises(HelmError) as caught:
+        render_chart({"gangWaitResources": {"limits": {"cpu": "one core"}}})
+    assert "gangWaitResources" in caught.value.stderr

@@ -38,6 +38,7 @@ from trainhook.webhook.selfcerts import SelfManagedCerts, kube_client, service_h
 from trainhook.webhook.settings import (CERT_ENV, CERT_MODES, CertSettings, Settings, cert_settings_from_env,
                                         parse_namespaces, parse_sans, parse_tolerations, settings_from_env)
 from trainhook.webhook.tlsreload import BadPair, CertReloader, server_context
+from trainhook.webhook.admission.resources import parse_wait_resources
 from trainhook.webhook.admission.tolerations import parse_namespaces as parse_toleration_namespaces
 
 log = logging.getLogger("trainhook.webhook")
@@ -75,6 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "none: no pod gets them (env TRAINHOOK_WEBHOOK_TOLERATION_NAMESPACES)")
     parser.add_argument("--cluster-domain", default=defaults.cluster_domain,
                         help="the cluster's DNS domain (env TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN)")
+    parser.add_argument("--gang-wait-resources", default=None,
+                        help="JSON {requests, limits} of the gang-wait init container instead of the defaults "
+                             "(env TRAINHOOK_WEBHOOK_GANG_WAIT_RESOURCES; webhook/admission/resources.py)")
     parser.add_argument("--wait-timeout", type=int, default=defaults.wait_timeout,
                         help="seconds the gang wait gives peers (env TRAINHOOK_WEBHOOK_WAIT_TIMEOUT)")
     parser.add_argument("--controller-users", default=",".join(defaults.controller_users),
@@ -128,6 +132,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:
         tolerations = (parse_tolerations(args.tolerations) if args.tolerations is not None
                        else defaults.extra_tolerations)
+        wait_resources = (parse_wait_resources(args.gang_wait_resources) if args.gang_wait_resources is not None
+                          else defaults.wait_resources)
     except ValueError as e:
         parser.error(str(e))
     gang_key = defaults.gang_key
@@ -145,6 +151,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.settings = Settings(launcher_image=args.launcher_image, extra_tolerations=tolerations,
                              toleration_namespaces=toleration_namespaces,
                              cluster_domain=args.cluster_domain, wait_timeout=args.wait_timeout,
+                             wait_resources=wait_resources,
                              gang_key=gang_key, controller_users=tuple(
                                  u.strip() for u in args.controller_users.split(",") if u.strip()))
     args.launcher_namespaces = parse_namespaces(args.launcher_namespaces)

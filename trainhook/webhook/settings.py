@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from trainhook.webhook.admission.resources import parse_wait_resources
 from trainhook.webhook.admission.tolerations import check_entries, parse_namespaces as parse_toleration_namespaces
 
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/trainhook/launcher:0.1.0"
@@ -25,6 +26,9 @@ class Settings:
     cluster_domain: str = "cluster.local"
     # Seconds the gang-wait init container waits for peers before failing with the names still missing.
     wait_timeout: int = 600
+    # The chart's gangWaitResources: the gang-wait init container's resources ({}: the defaults of
+    # webhook/admission/resources.py's wait_resources, which also says how a Guaranteed pod keeps its class).
+    wait_resources: dict = field(default_factory=dict)
     # The key each gang's token is derived from (HMAC of namespace/job-name): only the webhook holds it, so
     # no one outside a gang can forge its launchers' completion or failure messages. Every replica must share
     # it (the chart keeps it in a Secret); empty means no token is injected.
@@ -82,6 +86,8 @@ def settings_from_env(environ: dict[str, str] | None = None) -> dict:
         found["toleration_namespaces"] = parse_toleration_namespaces(env["TRAINHOOK_WEBHOOK_TOLERATION_NAMESPACES"])
     if "TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN" in env:
         found["cluster_domain"] = env["TRAINHOOK_WEBHOOK_CLUSTER_DOMAIN"]
+    if "TRAINHOOK_WEBHOOK_GANG_WAIT_RESOURCES" in env:
+        found["wait_resources"] = parse_wait_resources(env["TRAINHOOK_WEBHOOK_GANG_WAIT_RESOURCES"])
     if "TRAINHOOK_WEBHOOK_WAIT_TIMEOUT" in env:
         found["wait_timeout"] = int(env["TRAINHOOK_WEBHOOK_WAIT_TIMEOUT"])
     if env.get("TRAINHOOK_WEBHOOK_CONTROLLER_USERS"):

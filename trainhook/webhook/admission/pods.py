@@ -264,7 +264,8 @@ def set_gang_wait(spec: dict, member: Member, gang: list[tuple[str, str]], setti
         return
     init = spec.get("initContainers") or []
     if not any(c.get("name") == keys.GANG_WAIT_CONTAINER for c in init):
-        spec["initContainers"] = [gang_wait_container(gang, settings, deliver, wait_resources(spec),
+        resources = wait_resources(spec, settings.wait_resources)
+        spec["initContainers"] = [gang_wait_container(gang, settings, deliver, resources,
                                                       identity if mode == "tcp" else None)] + init
 
 

@@ -16,6 +16,7 @@ one burst at the pod's start, which a 100m CFS quota stretched to a second or mo
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -76,20 +77,62 @@ def container_guaranteed(container: object) -> bool:
     return True
 
 
-def wait_resources(spec: dict) -> dict:
-    """The gang-wait init container's resources in a pod of `spec`. None when the pod has pod-level resources
-    (`spec.resources`, Kubernetes 1.32+): the pod's own budget then bounds every container, ours included."""
+def wait_resources(spec: dict, configured: dict | None = None) -> dict:
+    """The gang-wait init container's resources in a pod of `spec`: `configured` (the chart's gangWaitResources,
+    checked by parse_wait_resources) or the defaults above, its limits as requests too in a Guaranteed pod.
+    None when the pod has pod-level resources (`spec.resources`, Kubernetes 1.32+): the pod's own budget then
+    bounds every container, ours included."""
     if spec.get("resources"):
         return {}
+    chosen = configured or {"requests": WAIT_REQUESTS, "limits": WAIT_LIMITS}
     containers = [c for field in ("containers", "initContainers") for c in spec.get(field) or []]
     if not containers or not all(container_guaranteed(c) for c in containers):
-        return {"requests": dict(WAIT_REQUESTS), "limits": dict(WAIT_LIMITS)}
-    asked = sum((quantity(c["resources"]["limits"]["cpu"]) or Decimal(0) for c in spec.get("containers") or []),
-                Decimal(0))
-    low, high = WAIT_GUARANTEED_CPU
-    millis = int(min(max(asked, low), high) * 1000)
-    share = {"cpu": f"{millis // 1000}" if millis % 1000 == 0 else f"{millis}m", "memory": WAIT_LIMITS["memory"]}
+        return {section: dict(chosen[section]) for section in ("requests", "limits") if chosen.get(section)}
+    if configured:
+        share = dict(configured["limits"])
+    else:
+        asked = sum((quantity(c["resources"]["limits"]["cpu"]) or Decimal(0) for c in spec.get("containers") or []),
+                    Decimal(0))
+        low, high = WAIT_GUARANTEED_CPU
+        millis = int(min(max(asked, low), high) * 1000)
+        share = {"cpu": f"{millis // 1000}" if millis % 1000 == 0 else f"{millis}m", "memory": WAIT_LIMITS["memory"]}
     return {"requests": share, "limits": dict(share)}
+
+
+def parse_wait_resources(text: str) -> dict:
+    """The chart's gangWaitResources (JSON; empty or {}: the defaults) as wait_resources takes it; ValueError
+    naming what is wrong. Its limits must bound CPU and memory (a Guaranteed pod's wait gets them as requests too),
+    and no request may pass its limit (the API server would refuse every pod)."""
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"gangWaitResources is not JSON: {e}") from e
+    if not isinstance(value, dict) or not set(value) <= {"requests", "limits"}:
+        raise ValueError(f"gangWaitResources must be an object with requests and limits only, not {text.strip()}")
+    if not value:
+        return {}
+    parsed: dict[str, dict[str, Decimal]] = {}
+    for section in ("requests", "limits"):
+        items = value.get(section) or {}
+        if not isinstance(items, dict):
+            raise ValueError(f"gangWaitResources.{section} must be an object of resource: quantity")
+        for name, text_value in items.items():
+            amount = quantity(text_value)
+            if amount is None or amount < 0:
+                raise ValueError(f"gangWaitResources.{section}.{name}={text_value!r} is not a quantity "
+                                 "(e.g. 500m, 1, 128Mi)")
+            parsed.setdefault(section, {})[name] = amount
+            items[name] = str(text_value)
+    missing = [name for name in QOS if name not in parsed.get("limits", {})]
+    if missing:
+        raise ValueError(f"gangWaitResources.limits must give {' and '.join(missing)}: the wait's container is "
+                         "bounded, and a Guaranteed pod's wait gets its limits as requests")
+    for name, request in parsed.get("requests", {}).items():
+        limit = parsed["limits"].get(name)
+        if limit is not None and request > limit:
+            raise ValueError(f"gangWaitResources.requests.{name}={value['requests'][name]} is more than its limit "
+                             f"{value['limits'][name]}: the API server would refuse every pod")
+    return value
 
 
 def is_extended(name: str) -> bool:
