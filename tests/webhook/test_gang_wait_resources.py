@@ -107,16 +107,31 @@ def test_the_wait_of_a_guaranteed_pod_adds_no_cpu_to_what_the_pod_asks():
         assert amount(wait_of(pod["after"])["requests"]["cpu"]) <= asked
 
 
-@pytest.mark.parametrize("resources, init_resources", [
-    ([{"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}], None),  # the example's
-    ([GUARANTEED, {"requests": {"cpu": "100m"}}], None),  # one container short of Guaranteed
-    ([GUARANTEED], {"requests": {"cpu": "10m"}}),  # the user's own init container is Burstable
+@pytest.mark.parametrize("resources, init_resources, cpu", [
+    ([{"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}], None, "1"),  # the example's
+    ([GUARANTEED, {"requests": {"cpu": "100m"}}], None, "1"),  # one container short of Guaranteed, no CPU limit
+    ([GUARANTEED], {"requests": {"cpu": "10m"}}, "1"),  # the user's own init container is Burstable
+    ([{"requests": {"cpu": "100m"}, "limits": {"cpu": "500m"}}], None, "500m"),  # limited: within its limit
+    ([{"limits": {"cpu": "2"}}, {"limits": {"cpu": "1"}}], None, "1"),  # a whole core at most
 ])
-def test_a_burstable_pod_stays_burstable_and_the_wait_has_a_whole_core_to_burst(resources, init_resources):
+def test_a_burstable_pod_stays_burstable_and_the_wait_has_up_to_a_core_to_burst(resources, init_resources, cpu):
     pod = wired_pod(*resources, init_resources=init_resources)
     assert qos_class(pod["before"]) == qos_class(pod["after"]) == "Burstable"
     assert wait_of(pod["after"]) == {"requests": {"cpu": "10m", "memory": "32Mi"},
-                                     "limits": {"cpu": "1", "memory": "128Mi"}}
+                                     "limits": {"cpu": cpu, "memory": "128Mi"}}
+
+
+@pytest.mark.parametrize("resources", [
+    [{"requests": {"cpu": "100m"}, "limits": {"cpu": "500m", "memory": "1Gi"}}],
+    [{"limits": {"cpu": "300m", "memory": "1Gi"}}, {"limits": {"cpu": "200m", "memory": "1Gi"}}],
+    [GUARANTEED],
+])
+def test_the_wait_never_raises_the_pods_cpu_limit_that_a_quota_charges(resources):
+    """A ResourceQuota on limits.cpu charges a pod the larger of its containers' sum and any init container's
+    limit: the wait's limit stays within the sum (above 100m)."""
+    pod = wired_pod(*resources)
+    limited = sum(amount(c["resources"]["limits"]["cpu"]) for c in pod["after"]["containers"])
+    assert amount(wait_of(pod["after"])["limits"]["cpu"]) <= limited
 
 
 def test_a_best_effort_pod_gets_a_bounded_wait():

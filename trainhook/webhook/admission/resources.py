@@ -10,8 +10,9 @@ equals it (extended resources are never overcommitted).
 The gang-wait init container (`wait_resources`): a Guaranteed pod stays Guaranteed only if every container,
 init containers included, has limits equal to its requests for CPU and memory. Requests below their limits made
 every labeled Guaranteed pod Burstable, losing the static CPU manager's exclusive cores and its eviction order. Its
-CPU limit is a whole core, not 100m: its work (a Python start, the launcher's copy, the wait) is ~0.1 s of CPU in
-one burst at the pod's start, which a 100m CFS quota stretched to a second or more on every pod, idle node or not.
+CPU limit is up to a whole core, not 100m: its work (a Python start, the launcher's copy, the wait) is ~0.1 s of
+CPU in one burst at the pod's start, which a 100m CFS quota stretched to a second or more on every pod, idle node
+or not.
 """
 
 from __future__ import annotations
@@ -50,26 +51,28 @@ def quantity(value: object) -> Decimal | None:
     return number * (Decimal(10) ** int(suffix[1:])) if suffix else number
 
 
-# The gang-wait container's share when the pod is Burstable or BestEffort (it makes a BestEffort pod Burstable: an
-# injected container is always bounded), and its memory when the pod is Guaranteed.
+# The gang-wait container's resources: requests 10m CPU and 32Mi (it makes a BestEffort pod Burstable: an injected
+# container is always bounded), memory limited to 128Mi, and CPU limited to what the pod's containers are limited to
+# in all, within WAIT_CPU (a whole core when one of them has no CPU limit). Within that sum it changes neither the
+# pod's effective limit, which a ResourceQuota on limits.cpu charges, nor, in a Guaranteed pod, where its requests
+# equal its limits, the pod's effective request (the larger of its containers' sum and any init container's).
 WAIT_REQUESTS = {"cpu": "10m", "memory": "32Mi"}
-WAIT_LIMITS = {"cpu": "1", "memory": "128Mi"}
-# A Guaranteed pod's wait gets requests = limits: the CPU its own containers ask in all, within these bounds (the
-# pod's effective request is the larger of its containers' sum and any init container's, so within the sum it
-# costs the scheduler nothing).
-WAIT_GUARANTEED_CPU = (Decimal("0.1"), Decimal(1))
+WAIT_MEMORY = "128Mi"
+WAIT_CPU = (Decimal("0.1"), Decimal(1))
 QOS = ("cpu", "memory")
+
+
+def section_of(container: object, section: str) -> dict:
+    """A container's resources.limits or resources.requests ({} when absent or not an object)."""
+    resources = container.get("resources") if isinstance(container, dict) else None
+    found = resources.get(section) if isinstance(resources, dict) else None
+    return found if isinstance(found, dict) else {}
 
 
 def container_guaranteed(container: object) -> bool:
     """Kubernetes' Guaranteed test for one container: CPU and memory limits, and requests (defaulted from the
     limits when absent) equal to them."""
-    resources = container.get("resources") if isinstance(container, dict) else None
-    limits = (resources or {}).get("limits") if isinstance(resources, dict) else None
-    requests = (resources or {}).get("requests") if isinstance(resources, dict) else None
-    if not isinstance(limits, dict):
-        return False
-    requests = requests if isinstance(requests, dict) else {}
+    limits, requests = section_of(container, "limits"), section_of(container, "requests")
     for name in QOS:
         limit = quantity(limits.get(name))
         if limit is None or (name in requests and quantity(requests[name]) != limit):
@@ -77,26 +80,30 @@ def container_guaranteed(container: object) -> bool:
     return True
 
 
+def wait_cpu(spec: dict) -> str:
+    """The wait's CPU limit: the sum of the pod's containers' CPU limits within WAIT_CPU, or its top when one of
+    them has none (the pod's CPU is not limited then)."""
+    low, high = WAIT_CPU
+    found = [quantity(section_of(c, "limits").get("cpu")) for c in spec.get("containers") or []]
+    limits = [limit for limit in found if limit is not None]
+    total = high if not found or len(limits) < len(found) else min(max(sum(limits, Decimal(0)), low), high)
+    millis = int(total * 1000)
+    return f"{millis // 1000}" if millis % 1000 == 0 else f"{millis}m"
+
+
 def wait_resources(spec: dict, configured: dict | None = None) -> dict:
     """The gang-wait init container's resources in a pod of `spec`: `configured` (the chart's gangWaitResources,
-    checked by parse_wait_resources) or the defaults above, its limits as requests too in a Guaranteed pod.
-    None when the pod has pod-level resources (`spec.resources`, Kubernetes 1.32+): the pod's own budget then
-    bounds every container, ours included."""
+    checked by parse_wait_resources) or the defaults above, its limits as requests too in a Guaranteed pod, which
+    so stays Guaranteed. None when the pod has pod-level resources (`spec.resources`, Kubernetes 1.32+): the pod's
+    own budget then bounds every container, ours included."""
     if spec.get("resources"):
         return {}
-    chosen = configured or {"requests": WAIT_REQUESTS, "limits": WAIT_LIMITS}
+    limits = dict(configured["limits"]) if configured else {"cpu": wait_cpu(spec), "memory": WAIT_MEMORY}
     containers = [c for field in ("containers", "initContainers") for c in spec.get(field) or []]
-    if not containers or not all(container_guaranteed(c) for c in containers):
-        return {section: dict(chosen[section]) for section in ("requests", "limits") if chosen.get(section)}
-    if configured:
-        share = dict(configured["limits"])
-    else:
-        asked = sum((quantity(c["resources"]["limits"]["cpu"]) or Decimal(0) for c in spec.get("containers") or []),
-                    Decimal(0))
-        low, high = WAIT_GUARANTEED_CPU
-        millis = int(min(max(asked, low), high) * 1000)
-        share = {"cpu": f"{millis // 1000}" if millis % 1000 == 0 else f"{millis}m", "memory": WAIT_LIMITS["memory"]}
-    return {"requests": share, "limits": dict(share)}
+    if containers and all(container_guaranteed(c) for c in containers):
+        return {"requests": dict(limits), "limits": limits}
+    requests = dict(configured.get("requests") or {}) if configured else dict(WAIT_REQUESTS)
+    return {"requests": requests, "limits": limits} if requests else {"limits": limits}
 
 
 def parse_wait_resources(text: str) -> dict:
