@@ -260,3 +260,23 @@ def test_the_gang_wait_keeps_the_pods_qos_class_as_the_api_server_computes_it(wi
     pods = gang_pods(api_client, ns, 2)
     assert [p.spec.init_containers[0].name for p in pods] == ["trainhook-gang-wait"] * 2
     assert [p.status.qos_class for p in pods] == [qos] * 2
+
+
+def test_a_quota_on_cpu_limits_charges_a_gang_pod_no_more_than_its_own_containers(wired_cluster, k8s_namespace):
+    """The ResourceQuota admission charges a pod the larger of its containers' sum and any init container's
+    limit, after the webhook's patch: the gang-wait container's CPU limit stays within the containers' sum, so a
+    quota sized for the user's pods still admits them."""
+    api_client, ns = wired_cluster["api"], k8s_namespace
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_resource_quota(ns, {"metadata": {"name": "cpu-limits"},
+                                               "spec": {"hard": {"limits.cpu": "600m", "limits.memory": "4Gi"}}})
+    wait_for("the quota's status", lambda: core.read_namespaced_resource_quota("cpu-limits", ns).status.hard,
+             timeout=30)
+    sts = [o for o in example_objects() if o["kind"] == "StatefulSet"][0]
+    sts["spec"]["replicas"] = 1
+    sts["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "500m", "memory": "1Gi"}}
+    client.AppsV1Api(api_client).create_namespaced_stateful_set(ns, sts)
+    [pod] = gang_pods(api_client, ns, 1)
+    assert pod.spec.init_containers[0].resources.limits["cpu"] == "500m"
+    used = wait_for("the quota's usage", lambda: core.read_namespaced_resource_quota("cpu-limits", ns).status.used)
+    assert used["limits.cpu"] == "500m", used
