@@ -1,7 +1,8 @@
 """The webhook on the node, called by the API server through the chart's Service: a labeled StatefulSet and its
 Service are mutated (the pods as the StatefulSet controller creates them carry the gang's environment and the
-gang-wait init container from the local launcher image), and that init container finds every peer through the
-cluster DNS before the training container starts."""
+gang-wait init container from the local launcher image), and that init container, asked for a dns wait
+(`trainhook.dev/gang-wait: dns`; with the launcher delivered it only installs by default), finds every peer through
+the cluster DNS before the training container starts."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def gang(node, replicas: int) -> list[dict]:
          "spec": {"clusterIP": "None", "selector": {"trainhook.dev/job-name": "gang"}}},
         {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "gang", "labels": labels},
          "spec": {"serviceName": "gang", "replicas": replicas, "selector": {"matchLabels": {"app": "gang"}},
-                  "template": {"metadata": {"labels": {"app": "gang", **labels}}, "spec": {
+                  "template": {"metadata": {"labels": {"app": "gang", **labels},
+                                            "annotations": {"trainhook.dev/gang-wait": "dns"}}, "spec": {
                       "terminationGracePeriodSeconds": 1,
                       "containers": [{"name": "trainer", "image": node.images["torch"], "imagePullPolicy": "Never",
                                       "command": ["sleep", "3600"],

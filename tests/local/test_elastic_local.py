@@ -132,8 +132,8 @@ def test_the_elastic_example_trains_on_while_scaled_2_3_2_and_resumes_its_step_c
 
 def gang(name: str, replicas: int, elastic: str | None = None, env: dict | None = None) -> list:
     annotations: dict[str, str] = {}
-    if elastic:
-        annotations["trainhook.dev/elastic"] = elastic
+    if elastic:  # with a dns gang wait, whose elastic rule (the first min members only) the run checks
+        annotations.update({"trainhook.dev/elastic": elastic, "trainhook.dev/gang-wait": "dns"})
     labels = {"trainhook.dev/framework": "pytorch"}
     container = {"name": "trainer", "image": "ignored",
                  "command": ["trainhook-launch", "run", "--", "python", "/code/train.py"],

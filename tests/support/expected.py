@@ -16,8 +16,9 @@ def env(**values: str) -> list[dict]:
 
 
 def gang_env(framework: str, job: str, role: str, index: int, rank: int, replicas: str, hosts: str,
-             subdomain: str, address: str, port: str | None = None, wait: str = "dns") -> dict:
-    """The TRAINHOOK_* variables of one member, in the order the webhook injects them."""
+             subdomain: str, address: str, port: str | None = None, wait: str = "none") -> dict:
+    """The TRAINHOOK_* variables of one member, in the order the webhook injects them. `wait`: the gang wait's mode,
+    `none` by default where the launcher is delivered (its barrier waits), `dns` by default without it."""
     return dict(TRAINHOOK_FRAMEWORK=framework, TRAINHOOK_JOB_NAME=job, TRAINHOOK_NAMESPACE="team-a",
                 TRAINHOOK_ROLE=role, TRAINHOOK_INDEX=str(index), TRAINHOOK_RANK=str(rank),
                 TRAINHOOK_REPLICAS=replicas, TRAINHOOK_HOSTS=hosts, TRAINHOOK_SUBDOMAIN=subdomain,

@@ -170,8 +170,16 @@ def elastic_gang_env(member: Member) -> list[tuple[str, str]]:
     return [(keys.TH_ELASTIC, f"{elastic[0]}:{elastic[1]}")] if elastic else []
 
 
-def gang_env(member: Member, settings: Settings) -> list[tuple[str, str]]:
-    """TRAINHOOK_* variables: the gang's identity and peers, for the launcher and the gang wait."""
+def gang_wait_mode(member: Member, delivered: bool) -> str:
+    """The gang wait's mode: the pod's `gang-wait` annotation, else `none` where the launcher is delivered (its
+    barrier holds every training until the whole gang has joined rank 0, in both delivery paths; a dns wait before
+    it cost a 32-pod gang ~1 s more on the node, performance.md) and `dns` without it (the only wait then)."""
+    return member.option(keys.GANG_WAIT, "none" if delivered else "dns")
+
+
+def gang_env(member: Member, settings: Settings, wait: str) -> list[tuple[str, str]]:
+    """TRAINHOOK_* variables: the gang's identity and peers, for the launcher and the gang wait (`wait`: its
+    mode, gang_wait_mode)."""
     return [
         (keys.TH_FRAMEWORK, member.framework),
         (keys.TH_JOB_NAME, member.job_name),
@@ -184,7 +192,7 @@ def gang_env(member: Member, settings: Settings) -> list[tuple[str, str]]:
         (keys.TH_SUBDOMAIN, member.subdomain),
         (keys.TH_ADDRESS, member.own_address),
         (keys.TH_PORT, str(member.port)),
-        (keys.TH_GANG_WAIT, member.option(keys.GANG_WAIT, "dns")),
+        (keys.TH_GANG_WAIT, wait),
         (keys.TH_GANG_WAIT_PORT, str(keys.GANG_WAIT_PORT)),
         (keys.TH_WAIT_TIMEOUT, str(settings.wait_timeout)),
     ] + elastic_gang_env(member)
@@ -259,7 +267,7 @@ def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver
 
 def set_gang_wait(spec: dict, member: Member, gang: list[tuple[str, str]], settings: Settings,
                   deliver: bool, identity: list[tuple[str, str]] | None = None) -> None:
-    mode = member.option(keys.GANG_WAIT, "dns")
+    mode = gang_wait_mode(member, deliver)
     if mode == "none" and not deliver:
         return
     init = spec.get("initContainers") or []
@@ -328,13 +336,13 @@ def mutate_pod(pod: dict, namespace: str, settings: Settings, warnings: list[str
         return pod, problems
     gpus = gpu_count(container)
     workload = f"{owner_ref[0]}/{owner_ref[1]}" if owner_ref else f"Pod/{pod['metadata'].get('name', '')}"
-    gang = gang_env(member, settings)
-    injected = (framework_env(member, gpus, problems) + gang
-                + lifecycle_env(member, workload, spec.get("restartPolicy", "Always")))
+    wired = framework_env(member, gpus, problems)
     set_address(pod, member, problems)
     framework_pod_hook(member, spec, container, problems)
     configmap = settings.launcher_configmap if namespace in settings.launcher_namespaces else None
     delivered = deliver_launcher(spec, container, member, annotations, problems, configmap)
+    gang = gang_env(member, settings, gang_wait_mode(member, delivered))
+    injected = wired + gang + lifecycle_env(member, workload, spec.get("restartPolicy", "Always"))
     identity: list[tuple[str, str]] = []
     if delivered and settings.notary_url and give_identity(spec, container, problems):
         # Only a delivered launcher talks to the notary (docs/operate/security.md); no key is ever in the spec.
