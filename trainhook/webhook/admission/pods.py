@@ -243,11 +243,11 @@ def restricted_context() -> dict:
 
 def gang_wait_container(gang: list[tuple[str, str]], settings: Settings, deliver: bool, resources: dict,
                         identity: list[tuple[str, str]] | None = None) -> dict:
-    """The init container that first delivers the launcher (when `deliver`), then holds the pod until every
-    peer resolves (or accepts connections); `gang` is the member's TRAINHOOK_* variables. One container does
-    both: one image start per pod, not two. With `identity` (the notary's variables; tcp mode, where the pod has
-    the identity volume) it also mounts the pod's token, so the tcp wait asks the notary for the gang's key and
-    proves every hello with it (launcher/wait/tcp.py)."""
+    """The init container that first delivers the launcher (when `deliver`), then, unless its mode (in `gang`, the
+    member's TRAINHOOK_* variables) is none, holds the pod until every peer resolves (or accepts connections).
+    One container does both: one image start per pod, not two. With `identity` (the notary's variables; tcp mode,
+    where the pod has the identity volume) it also mounts the pod's token, so the tcp wait asks the notary for the
+    gang's key and proves every hello with it (launcher/wait/tcp.py). `resources`: resources.py's wait_resources."""
     container: dict[str, Any] = {
         "name": keys.GANG_WAIT_CONTAINER,
         "image": settings.launcher_image,
