@@ -6,10 +6,12 @@ import base64
 import json
 import os
 import random
+import socket
 
 import pytest
 
 from trainhook.gang import keys
+from trainhook.local import admission
 from trainhook.local.admission import AdmissionError, Denied, WebhookServer, apply_response, build_review
 from trainhook.local.controllers import ADMIN_USER, controller_user, job_pods, statefulset_pods, store
 from trainhook.local.manifest import parse_manifest
@@ -137,3 +139,20 @@ def test_a_webhook_that_cannot_start_is_reported_with_its_log(tmp_path):
     with pytest.raises(AdmissionError, match="exited with .* before it was ready"):
         with WebhookServer(tmp_path, env, startup_timeout=20):
             pass
+
+
+def test_a_port_taken_between_its_choice_and_the_servers_bind_is_chosen_again(tmp_path, monkeypatch):
+    """free_port finds a port free at that moment; another process may bind it before the webhook does (a CI
+    run's paddle test lost its run to that once). The server then exits with EADDRINUSE and the ports are chosen
+    again."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = admission.free_port
+    monkeypatch.setattr(admission, "free_port", lambda: next(ports, None) or real())
+    try:
+        with WebhookServer(tmp_path, dict(os.environ), startup_timeout=20) as webhook:
+            assert webhook.port != taken.getsockname()[1]  # and it became healthy on the port chosen again
+    finally:
+        taken.close()

@@ -140,6 +140,9 @@ class AdmissionClient:
         return apply_response(obj, review, self.post(review), self.source)
 
 
+PORT_ATTEMPTS = 3  # WebhookServer.start: ports chosen again when taken between free_port and the server's bind
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -202,7 +205,18 @@ class WebhookServer:
 
     def start(self) -> None:
         """Start the process; a second start (after stop) serves the same ports with the same certificates, as a
-        webhook pod that comes back behind its Service does (tests of an outage)."""
+        webhook pod that comes back behind its Service does (tests of an outage). Ports it chose itself are chosen
+        again when another process bound one first (free_port only finds a port free at that moment)."""
+        chosen = self.proc is None and not self.port and not self.notary_port
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start()
+            except AdmissionError as e:
+                if not chosen or attempt == PORT_ATTEMPTS - 1 or "Address already in use" not in str(e):
+                    raise
+                self.port = self.notary_port = 0
+
+    def _start(self) -> None:
         certs = self.work_dir / "certs"
         key_file = self.work_dir / "gang.key"  # the run's gang key, as a cluster keeps it in a Secret
         if self.proc is None:  # the first start: fresh certificates and key; a start again keeps both
