@@ -149,13 +149,7 @@ def is_extended(name: str) -> bool:
 
 
 def check_container(path: str, container: dict, problems: Problems) -> None:
-    resources = container.get("resources") if isinstance(container, dict) else None
-    if not isinstance(resources, dict):
-        return
-    sections: dict[str, dict] = {}
-    for section in ("limits", "requests"):
-        found = resources.get(section)
-        sections[section] = found if isinstance(found, dict) else {}
+    sections = {section: section_of(container, section) for section in ("limits", "requests")}
     values: dict[str, dict[str, Decimal]] = {"limits": {}, "requests": {}}
     for section, items in sections.items():
         for name, text in items.items():
